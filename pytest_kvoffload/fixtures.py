@@ -1,0 +1,65 @@
+"""The fixtures suites use. The plugin registers this module; the logic lives in the modules it calls."""
+
+from __future__ import annotations
+
+import pytest
+
+from .backends import Backend
+from .cells import Cell
+from .measure import CellOutcome, CellRunner
+from .server import Endpoint, ServerStartError
+from .session import KVSession
+from .settings import Settings
+
+SESSION_KEY = pytest.StashKey[KVSession]()
+
+
+@pytest.fixture(scope="session")
+def kv_session(pytestconfig) -> KVSession:
+    return pytestconfig.stash[SESSION_KEY]
+
+
+@pytest.fixture(scope="session")
+def kv_settings(kv_session) -> Settings:
+    return kv_session.settings
+
+
+@pytest.fixture(scope="session")
+def kv_backend(request, kv_session) -> Backend:
+    """The backend under test; parametrized by --kv-backend (or by a test's own indirect parametrize)."""
+    name = getattr(request, "param", None) or kv_session.settings.backends[0]
+    if name not in kv_session.registry:
+        pytest.fail(f"unknown backend {name!r}; registered: {', '.join(kv_session.registry.names())}", pytrace=False)
+    backend = kv_session.registry.get(name)
+    reason = backend.unavailable_reason()
+    if reason and not kv_session.settings.server_url:
+        kv_session.skip(backend, reason)
+        pytest.skip(reason)
+    return backend
+
+
+@pytest.fixture(scope="session")
+def kv_server(kv_session, kv_backend) -> Endpoint:
+    """A healthy vLLM server for kv_backend, shared by every test of that backend in the session."""
+    try:
+        return kv_session.endpoint(kv_backend)
+    except ServerStartError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture
+def kv_measure(kv_session, kv_backend, kv_server, request):
+    """Measure a cell over --kv-rounds rounds through pytest-benchmark when it is active.
+
+    Returns a CellOutcome; a round whose cached tokens came from the wrong place fails the test.
+    """
+    benchmark = request.getfixturevalue("benchmark") if "benchmark" in request.fixturenames else None
+
+    def run(cell: Cell, rounds: int | None = None, check: bool = True) -> CellOutcome:
+        runner = CellRunner(kv_session, kv_backend, kv_server, cell)
+        outcome = runner.run(rounds or kv_session.settings.rounds, benchmark)
+        if check and outcome.failures:
+            pytest.fail(f"{kv_backend.name} {cell.id}: " + "; ".join(outcome.failures), pytrace=False)
+        return outcome
+
+    return run

@@ -1,0 +1,123 @@
+"""Measuring one cell: prepare its state, time the request, check where the hits came from, record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .backends import Backend
+from .cells import Cell, State, expectation
+from .client import RequestResult, attach_sources, measure, stream_completion
+from .metrics import Snapshot
+from .prompts import Prompt, make_prompt
+from .server import Endpoint
+from .session import KVSession
+
+
+@dataclass
+class CellOutcome:
+    cell: Cell
+    backend: str
+    results: list[RequestResult] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ttfts(self) -> list[float]:
+        return [r.client_ttft_s for r in self.results]
+
+
+class CellRunner:
+    """Runs the rounds of one cell; `setup` and `target` are shaped for benchmark.pedantic."""
+
+    def __init__(self, session: KVSession, backend: Backend, endpoint: Endpoint, cell: Cell) -> None:
+        self.session = session
+        self.backend = backend
+        self.endpoint = endpoint
+        self.cell = cell
+        self.outcome = CellOutcome(cell, backend.name)
+        self._round = 0
+        self._prompt: Prompt | None = None
+        self._before: Snapshot | None = None
+        self._pending: RequestResult | None = None
+
+    def prompt(self, variant: str) -> Prompt:
+        s = self.session
+        fraction = self.cell.fraction if self.cell.state is not State.COLD else 0.0
+        salt = f"{s.salt}|{self.backend.name}|{self.cell.state.value}|round{self._round}"
+        return make_prompt(self.cell.length, fraction, seed=s.settings.seed, salt=salt, variant=variant,
+                           vocab_size=s.settings.model.vocab_size)
+
+    def setup(self):
+        self._complete_round()
+        self._round += 1
+        self._prompt = self.prompt("measure")
+        if self.cell.state is not State.COLD:
+            primer = self.prompt("prime")
+            self._record(measure(self.endpoint, primer.tokens), purpose="prime")
+            if self.cell.state is State.TIER_HIT:
+                # Evict the engine's copy only: the tier keeps its, so the hit can come from nowhere else.
+                self.endpoint.reset_prefix_cache(external=False)
+        self._before = self.endpoint.metrics()
+        return (self._prompt.tokens,), {}
+
+    def target(self, tokens: list[int]) -> RequestResult:
+        self._pending = stream_completion(self.endpoint, tokens)
+        return self._pending
+
+    def _complete_round(self) -> None:
+        if self._pending is None:
+            return
+        result, self._pending = self._pending, None
+        attach_sources(self.endpoint, self._before, result)
+        settings = self.session.settings
+        expect = expectation(self.cell, len(self._prompt.prefix), settings.block_size, self.backend.tier,
+                             self.backend.granularity(settings))
+        problem = expect.check(result.cached_by_source)
+        if problem:
+            self.outcome.failures.append(f"round {self._round}: {problem}")
+        self.outcome.results.append(result)
+        self._record(result, purpose="measure", expected=expect, problem=problem)
+
+    def _record(self, result: RequestResult, purpose: str, expected=None, problem: str | None = None) -> None:
+        record = {
+            "backend": self.backend.name,
+            "length": self.cell.length,
+            "fraction": self.cell.fraction,
+            "state": self.cell.state.value,
+            "round": self._round,
+            "purpose": purpose,
+            **result.to_dict(),
+        }
+        record.pop("output_token_ids", None)
+        if expected is not None:
+            record["expected_source"] = expected.source
+            record["expected_cached"] = expected.tokens
+            record["verified"] = problem is None
+            record["problem"] = problem
+        self.session.hook_measurement(record)
+        self.session.record(record)
+
+    def run(self, rounds: int, benchmark=None) -> CellOutcome:
+        if benchmark is not None and getattr(benchmark, "enabled", False):
+            benchmark.pedantic(self.target, setup=self.setup, rounds=rounds, iterations=1)
+        else:
+            for _ in range(rounds):
+                args, _ = self.setup()
+                self.target(*args)
+        self._complete_round()
+        if benchmark is not None:
+            benchmark.extra_info.update(self.extra_info())
+        return self.outcome
+
+    def extra_info(self) -> dict:
+        sources: dict[str, float] = {}
+        for r in self.outcome.results:
+            for s, n in r.cached_by_source.items():
+                sources[s] = sources.get(s, 0) + n / len(self.outcome.results)
+        return {
+            "backend": self.backend.name,
+            "length": self.cell.length,
+            "fraction": self.cell.fraction,
+            "state": self.cell.state.value,
+            "cached_tokens_by_source": sources,
+            "ttft_s": self.outcome.ttfts,
+        }

@@ -1,0 +1,189 @@
+"""pytest hooks and option wiring; every piece of logic lives in the modules this one calls."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from . import fixtures, hookspecs, machine
+from .backends import default_registry
+from .cells import State, grid
+from .fixtures import SESSION_KEY
+from .records import RecordError, read_run
+from .report import render
+from .session import KVSession
+from .settings import (OptionError, Settings, check_fits_model, parse_backends, parse_fractions, parse_lengths,
+                       parse_model, parse_positive_int, parse_server_args, parse_server_url)
+
+# (option, ini name, help); defaults come from the machine (see machine.py) or below.
+OPTIONS = [
+    ("--kv-backend", "kv_backend", "backends to measure: all, or a comma list (default: all)"),
+    ("--kv-model", "kv_model", "a shipped model name or a folder with an HF config.json"),
+    ("--kv-lengths", "kv_lengths", "prompt lengths in tokens, comma separated"),
+    ("--kv-fractions", "kv_fractions", "cached-prefix fractions in (0, 1], comma separated"),
+    ("--kv-rounds", "kv_rounds", "fresh-prompt repetitions of each cell"),
+    ("--kv-results-dir", "kv_results_dir", "where run folders are written (default: results)"),
+    ("--kv-server-url", "kv_server_url", "measure this running vLLM server instead of starting one"),
+    ("--kv-server-timeout", "kv_server_timeout", "seconds to wait for a server's /health (default: 600)"),
+    ("--kv-block-size", "kv_block_size", "KV block size in tokens passed to vLLM (default: 128 on CPU, 16 on GPU)"),
+]
+
+
+def pytest_addhooks(pluginmanager):
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("kvoffload", "KV offload break-even measurements (pytest-kvoffload)")
+    for option, ini, help_text in OPTIONS:
+        group.addoption(option, dest=ini, default=None, help=help_text)
+        parser.addini(ini, help=help_text, default=None)
+    group.addoption("--kv-server-arg", dest="kv_server_args", action="append", default=[],
+                    help="extra vLLM server arguments, split like a shell (repeatable)")
+    parser.addini("kv_server_args", type="args", help="extra vLLM server arguments", default=[])
+
+
+def _value(config, name: str, fallback):
+    value = config.getoption(name)
+    if value is None:
+        value = config.getini(name)
+    return fallback if value in (None, "") else value
+
+
+def build_settings(config, registry) -> Settings:
+    d = machine.defaults()
+    block_size = parse_positive_int("--kv-block-size", _value(config, "kv_block_size", d["block_size"]))
+    model = parse_model(str(_value(config, "kv_model", d["model"])))
+    lengths = parse_lengths(str(_value(config, "kv_lengths", d["lengths"])), block_size)
+    check_fits_model(lengths, model)
+    timeout = _value(config, "kv_server_timeout", "600")
+    try:
+        timeout = float(timeout)
+        if timeout <= 0:
+            raise ValueError
+    except ValueError:
+        raise OptionError(f"--kv-server-timeout {timeout!r}: expected a positive number of seconds") from None
+    results = Path(_value(config, "kv_results_dir", "results"))
+    if not results.is_absolute():
+        results = Path(config.rootpath) / results
+    return Settings(
+        backends=parse_backends(str(_value(config, "kv_backend", "all")), registry.names()),
+        model=model,
+        lengths=lengths,
+        fractions=parse_fractions(str(_value(config, "kv_fractions", d["fractions"]))),
+        rounds=parse_positive_int("--kv-rounds", _value(config, "kv_rounds", d["rounds"])),
+        results_dir=results,
+        block_size=block_size,
+        server_url=parse_server_url(_value(config, "kv_server_url", None)),
+        server_args=parse_server_args(list(config.getini("kv_server_args")) + list(config.getoption("kv_server_args"))),
+        server_timeout=timeout,
+    )
+
+
+def _raise_interrupt(signum, frame):
+    # SIGTERM (a CI timeout, `kill`) takes the same path as Ctrl-C, so servers are torn down.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    registry = default_registry()
+    config.hook.pytest_kvoffload_register_backends(registry=registry)
+    try:
+        settings = build_settings(config, registry)
+    except OptionError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def progress(message: str) -> None:
+        if reporter is not None:
+            reporter.write_line(f"[kvoffload] {message}")
+
+    options = {name: str(value) if isinstance(value, Path) else value
+               for name, value in vars(settings).items() if name not in ("model", "extra")}
+    options["model"] = {"name": settings.model.name, "path": str(settings.model.path),
+                        "kv_bytes_per_token": settings.model.kv_bytes_per_token()}
+    config.stash[SESSION_KEY] = KVSession(settings, registry, options, progress, hook=config.hook)
+    config.pluginmanager.register(fixtures, "kvoffload-fixtures")
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def pytest_report_header(config):
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return None
+    s = session.settings
+    return (f"kvoffload: backends {','.join(s.backends)}; model {s.model.name} "
+            f"({s.model.kv_bytes_per_token():,} KV bytes/token); lengths {','.join(map(str, s.lengths))}; "
+            f"fractions {','.join(f'{f:g}' for f in s.fractions)}; rounds {s.rounds}; device {machine.device_kind()}")
+
+
+def _parametrized_by_test(metafunc, name: str) -> bool:
+    for marker in metafunc.definition.iter_markers("parametrize"):
+        argnames = marker.args[0] if marker.args else marker.kwargs.get("argnames", "")
+        names = [n.strip() for n in argnames.split(",")] if isinstance(argnames, str) else list(argnames)
+        if name in names:
+            return True
+    return False
+
+
+def pytest_generate_tests(metafunc):
+    session = metafunc.config.stash[SESSION_KEY]
+    settings = session.settings
+    if "kv_backend" in metafunc.fixturenames and not _parametrized_by_test(metafunc, "kv_backend"):
+        # Session scope groups tests by backend, so each backend's server starts once.
+        metafunc.parametrize("kv_backend", list(settings.backends), indirect=True, scope="session")
+    if "kv_cell" in metafunc.fixturenames:
+        cells = grid(settings.lengths, settings.fractions)
+        metafunc.parametrize("kv_cell", cells, ids=[c.id for c in cells])
+    if "kv_length" in metafunc.fixturenames:
+        metafunc.parametrize("kv_length", list(settings.lengths), ids=[str(n) for n in settings.lengths])
+    if "kv_fraction" in metafunc.fixturenames:
+        metafunc.parametrize("kv_fraction", list(settings.fractions), ids=[f"f{f:g}" for f in settings.fractions])
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tier-hit cells of a backend without an offload tier have nothing to measure: deselect them."""
+    session = config.stash[SESSION_KEY]
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params if callspec else {}
+        cell, name = params.get("kv_cell"), params.get("kv_backend")
+        if cell is not None and name in session.registry and cell.state is State.TIER_HIT \
+                and session.registry.get(name).tier is None:
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_sessionfinish(session, exitstatus):
+    kv = session.config.stash.get(SESSION_KEY, None)
+    if kv is not None:
+        kv.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+
+
+def pytest_unconfigure(config):
+    kv = config.stash.get(SESSION_KEY, None)
+    if kv is not None:
+        kv.pool.stop_all()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    kv = config.stash.get(SESSION_KEY, None)
+    if kv is None or kv._writer is None:
+        return
+    terminalreporter.section("kvoffload")
+    try:
+        run = read_run(kv.writer.path)
+    except RecordError as exc:
+        terminalreporter.write_line(str(exc))
+        return
+    terminalreporter.write_line(render(run))
+    terminalreporter.write_line(f"results: {kv.writer.run_dir}")

@@ -1,0 +1,102 @@
+"""The run record: one versioned JSON file per pytest session, valid at every moment.
+
+The file is rewritten whole (temporary name, then rename) after every change, so a run cut short by
+Ctrl-C or a crashed server still leaves valid JSON, marked "partial" until the session finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "pytest-kvoffload/run"
+SCHEMA_VERSION = 1
+
+
+class RecordError(ValueError):
+    pass
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=1, default=str)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class RunWriter:
+    def __init__(self, run_dir: Path, run_id: str, options: dict, environment: dict) -> None:
+        self.run_dir = run_dir
+        self.path = run_dir / "run.json"
+        self.data: dict[str, Any] = {
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "run_id": run_id,
+            "status": "partial",
+            "started_at": time.time(),
+            "finished_at": None,
+            "options": options,
+            "environment": environment,
+            "backends": {},
+            "measurements": [],
+            "cells": [],
+            "analysis": {},
+        }
+        self.flush()
+
+    def set_backend(self, name: str, status: str, reason: str = "", **info: Any) -> None:
+        entry = self.data["backends"].setdefault(name, {})
+        entry.update({"status": status, "reason": reason, **info})
+        self.flush()
+
+    def add_measurement(self, record: dict) -> None:
+        self.data["measurements"].append(record)
+        self.flush()
+
+    def set(self, key: str, value: Any) -> None:
+        self.data[key] = value
+        self.flush()
+
+    def finish(self, status: str, cells: list[dict], analysis: dict | None = None) -> None:
+        self.data["cells"] = cells
+        if analysis is not None:
+            self.data["analysis"] = analysis
+        self.data["status"] = status
+        self.data["finished_at"] = time.time()
+        self.flush()
+
+    def flush(self) -> None:
+        atomic_write_json(self.path, self.data)
+
+
+def read_run(path: str | Path) -> dict:
+    """A saved run, from its folder or its run.json; schema checked."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "run.json"
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise RecordError(f"{path}: no run.json there; pass a folder under results/ or its run.json") from None
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise RecordError(f"{p}: not a pytest-kvoffload run record (schema {SCHEMA!r} expected)")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise RecordError(
+            f"{p}: schema version {data.get('schema_version')}, this plugin reads version {SCHEMA_VERSION}"
+        )
+    return data

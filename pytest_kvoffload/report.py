@@ -1,0 +1,67 @@
+"""Tables of a run for people: the terminal summary and `kvoffload report`."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from tabulate import tabulate
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:,.0f}"
+
+
+def _sources(sources: dict[str, float]) -> str:
+    shown = {s: n for s, n in sources.items() if n}
+    return ", ".join(f"{s} {n:,.0f}" for s, n in sorted(shown.items())) or "none"
+
+
+def ttft_rows(cells: list[dict]) -> dict[str, list[list]]:
+    """Per backend: one row per (length, fraction) with cold, engine-hit and tier-hit TTFT."""
+    by_backend: dict[str, dict] = defaultdict(lambda: defaultdict(dict))
+    for c in cells:
+        by_backend[c["backend"]][c["length"]][(c["fraction"], c["state"])] = c
+    tables = {}
+    for backend, lengths in by_backend.items():
+        rows = []
+        for length in sorted(lengths):
+            entries = lengths[length]
+            cold = entries.get((0.0, "cold"))
+            cold_ms = cold["ttft"]["p50"] if cold else None
+            fractions = sorted({f for f, s in entries if s != "cold"}) or [None]
+            for f in fractions:
+                eng = entries.get((f, "engine-hit"))
+                tier = entries.get((f, "tier-hit"))
+                row = [length, "-" if f is None else f"{f:g}", _ms(cold_ms)]
+                for hit in (eng, tier):
+                    if hit is None:
+                        row += ["-", "-", "-"]
+                        continue
+                    p50 = hit["ttft"]["p50"]
+                    speedup = f"{cold_ms / p50:.2f}x" if cold_ms and p50 else "-"
+                    flag = "" if hit.get("verified", True) else " !"
+                    row += [f"{_ms(p50)} ±{hit['ttft']['spread'] * 100:.0f}%{flag}", speedup, _sources(hit["sources"])]
+                rows.append(row)
+        tables[backend] = rows
+    return tables
+
+
+HEADERS = ["length", "cached", "cold ms", "engine-hit ms", "speed-up", "engine source",
+           "tier-hit ms", "speed-up", "tier source"]
+
+
+def render(run: dict) -> str:
+    lines = []
+    tables = ttft_rows(run.get("cells") or [])
+    for name, entry in (run.get("backends") or {}).items():
+        status = entry.get("status", "?")
+        if status == "skipped" or name not in tables:
+            reason = entry.get("reason") or ("no cells measured" if status != "skipped" else "")
+            lines.append(f"{name}: {status}" + (f" ({reason})" if reason else ""))
+            continue
+        lines.append(f"{name}: TTFT p50 ±spread, cached tokens by source (mean per request)")
+        lines.append(tabulate(tables[name], headers=HEADERS, tablefmt="simple", disable_numparse=True))
+        lines.append("")
+    status = run.get("status")
+    lines.append(f"run {run.get('run_id')}: {status}")
+    return "\n".join(lines)

@@ -1,0 +1,244 @@
+"""Start, watch and stop vLLM servers; talk to their control endpoints.
+
+Each server runs in its own process group so that teardown reaches the engine-core and worker
+processes vLLM forks, not just the API process. Teardown runs on normal exit, on test failure,
+on Ctrl-C and on SIGTERM (see plugin.py), and `ServerPool.stop_all` is idempotent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable
+
+import requests
+
+from .metrics import Snapshot, snapshot
+
+
+class ServerStartError(RuntimeError):
+    """The server exited or missed its health deadline; the message carries the log's last lines."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        with open(path, errors="replace") as fh:
+            return "".join(deque(fh, maxlen=lines))
+    except OSError:
+        return "(no log)"
+
+
+def _die_with_parent() -> None:
+    # If pytest itself is killed with SIGKILL no handler runs; the kernel then stops the API server.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Endpoint:
+    """A vLLM server reached over HTTP, started by us or not."""
+
+    def __init__(self, url: str, model_name: str) -> None:
+        self.url = url.rstrip("/")
+        self.model_name = model_name
+        self.http = requests.Session()
+
+    def healthy(self) -> bool:
+        try:
+            return self.http.get(f"{self.url}/health", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def metrics_text(self) -> str:
+        response = self.http.get(f"{self.url}/metrics", timeout=10)
+        response.raise_for_status()
+        return response.text
+
+    def metrics(self) -> Snapshot:
+        return snapshot(self.metrics_text())
+
+    def reset_prefix_cache(self, external: bool, attempts: int = 20) -> None:
+        """Evict the engine's prefix cache (and the connector's store when `external`).
+
+        vLLM refuses while blocks are still in use by a finishing request, so retry briefly.
+        """
+        last = ""
+        for _ in range(attempts):
+            response = self.http.post(
+                f"{self.url}/reset_prefix_cache", params={"reset_external": str(external).lower()}, timeout=30
+            )
+            if response.status_code == 200:
+                return
+            last = f"HTTP {response.status_code}: {response.text[:200]}"
+            if response.status_code == 404:
+                break
+            time.sleep(0.25)
+        raise RuntimeError(
+            f"{self.url}/reset_prefix_cache failed ({last}); the server must run with VLLM_SERVER_DEV_MODE=1"
+        )
+
+
+class VllmServer(Endpoint):
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int, log_path: Path,
+                 model_name: str) -> None:
+        super().__init__(f"http://127.0.0.1:{port}", model_name)
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.port = port
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pgid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        try:
+            self.proc = subprocess.Popen(
+                self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        finally:
+            log.close()
+
+    def wait_healthy(self, timeout: float, progress: Callable[[str], None] = lambda msg: None,
+                     every: float = 15.0) -> float:
+        """Block until /health answers 200; returns the seconds it took."""
+        assert self.proc is not None, "start() first"
+        started = time.monotonic()
+        next_note = started + every
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                raise ServerStartError(
+                    f"{self.name}: vLLM exited with code {code} during start-up; log {self.log_path}, last lines:\n"
+                    + log_tail(self.log_path)
+                )
+            if self.healthy():
+                return time.monotonic() - started
+            now = time.monotonic()
+            if now - started > timeout:
+                self.stop()
+                raise ServerStartError(
+                    f"{self.name}: not healthy after {timeout:.0f} s (--kv-server-timeout); log {self.log_path}, "
+                    "last lines:\n" + log_tail(self.log_path)
+                )
+            if now >= next_note:
+                progress(f"waiting for {self.name} server on port {self.port}: {now - started:.0f} s")
+                next_note = now + every
+            time.sleep(0.5)
+
+    def alive(self) -> bool:
+        if self.pgid is None:
+            return False
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        # A group whose only members are zombies is gone for our purposes.
+        return self.proc.poll() is None or _group_has_live_members(self.pgid)
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM the whole group, then SIGKILL what is left after `grace` seconds."""
+        if self.proc is None:
+            return
+        self.http.close()
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.pgid, sig)
+            except ProcessLookupError:
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                try:
+                    self.proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+                if not _group_has_live_members(self.pgid):
+                    break
+            if not _group_has_live_members(self.pgid):
+                break
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _group_has_live_members(pgid: int) -> bool:
+    """Whether any non-zombie process still belongs to the group (read from /proc)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+class ServerPool:
+    """One server per backend for the whole session, started on first use."""
+
+    def __init__(self, max_running: int = 1) -> None:
+        # One GPU cannot hold two servers' KV caches; on a CPU two small servers fit side by side.
+        self.max_running = max_running
+        self._servers: dict[str, VllmServer] = {}
+        self._failed: dict[str, str] = {}
+
+    def get(self, key: str, factory: Callable[[], VllmServer], timeout: float,
+            progress: Callable[[str], None] = lambda msg: None) -> VllmServer:
+        if key in self._failed:
+            raise ServerStartError(self._failed[key])
+        if key in self._servers:
+            self._servers[key] = self._servers.pop(key)  # most recently used last
+            return self._servers[key]
+        while len(self._servers) >= self.max_running:
+            self.release(next(iter(self._servers)))
+        server = factory()
+        self._servers[key] = server
+        try:
+            server.start()
+            server.wait_healthy(timeout, progress)
+        except BaseException as exc:
+            server.stop()
+            del self._servers[key]
+            if isinstance(exc, ServerStartError):
+                self._failed[key] = str(exc)
+            raise
+        return server
+
+    def release(self, key: str) -> None:
+        server = self._servers.pop(key, None)
+        if server:
+            server.stop()
+
+    def stop_all(self) -> None:
+        while self._servers:
+            _, server = self._servers.popitem()
+            server.stop()
+
+    def running(self) -> list[VllmServer]:
+        return list(self._servers.values())

@@ -1,0 +1,97 @@
+"""The state of one pytest session: settings, backends, servers and the run record."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Callable
+
+from . import environment, machine
+from .backends import Backend, BackendRegistry, LaunchContext, server_command
+from .records import RunWriter
+from .server import Endpoint, ServerPool, VllmServer, free_port
+from .settings import Settings
+from .stats import cell_table
+
+
+def make_run_id(model: str, when: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    host = re.sub(r"[^A-Za-z0-9.-]+", "-", machine.describe()["host"] or "host")[:32]
+    return f"{stamp}-{model}-{host}"
+
+
+class KVSession:
+    def __init__(self, settings: Settings, registry: BackendRegistry, options: dict,
+                 progress: Callable[[str], None] = print, hook=None) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.options = options
+        self.progress = progress
+        self.hook = hook
+        self.run_id = make_run_id(settings.model.name)
+        # Part of every prompt's key, so a rerun against a long-lived server cannot hit last run's cache.
+        self.salt = self.run_id
+        self.pool = ServerPool(max_running=1 if machine.has_cuda() else 2)
+        self._writer: RunWriter | None = None
+
+    # The run folder appears only once something is measured or started.
+    @property
+    def writer(self) -> RunWriter:
+        if self._writer is None:
+            run_dir = self.settings.results_dir / self.run_id
+            self._writer = RunWriter(run_dir, self.run_id, self.options, environment.describe())
+            for name in self.settings.backends:
+                self._writer.set_backend(name, "selected", description=self.registry.get(name).description)
+        return self._writer
+
+    @property
+    def run_dir(self) -> Path:
+        return self.writer.run_dir
+
+    def context(self, backend: Backend) -> LaunchContext:
+        scratch = self.run_dir / "scratch" / backend.name
+        scratch.mkdir(parents=True, exist_ok=True)
+        return LaunchContext(self.settings, scratch)
+
+    def skip(self, backend: Backend, reason: str) -> None:
+        self.writer.set_backend(backend.name, "skipped", reason)
+
+    def endpoint(self, backend: Backend) -> Endpoint:
+        if self.settings.server_url:
+            self.writer.set_backend(backend.name, "external", url=self.settings.server_url)
+            return Endpoint(self.settings.server_url, self.settings.model.name)
+
+        def factory() -> VllmServer:
+            port = free_port()
+            argv, env = server_command(backend, self.context(backend), port)
+            self.progress(f"starting vLLM for {backend.name} on port {port}; log {self.run_dir / 'logs'}")
+            return VllmServer(backend.name, argv, env, port, self.run_dir / "logs" / f"{backend.name}.log",
+                              self.settings.model.name)
+
+        try:
+            server = self.pool.get(backend.name, factory, self.settings.server_timeout, self.progress)
+        except Exception as exc:
+            self.writer.set_backend(backend.name, "failed", str(exc).splitlines()[0])
+            raise
+        self.writer.set_backend(backend.name, "running", argv=server.argv, log=str(server.log_path))
+        return server
+
+    def hook_measurement(self, record: dict) -> None:
+        if self.hook is not None:
+            self.hook.pytest_kvoffload_measurement(record=record)
+
+    def record(self, measurement: dict) -> None:
+        self.writer.add_measurement(measurement)
+
+    def finish(self, interrupted: bool) -> None:
+        self.pool.stop_all()
+        if self._writer is None:
+            return
+        for name, entry in self._writer.data["backends"].items():
+            if entry.get("status") == "running":
+                entry["status"] = "measured"
+        status = "partial" if interrupted else "complete"
+        self._writer.finish(status, cell_table(self._writer.data["measurements"]))
+        shutil.rmtree(self._writer.run_dir / "scratch", ignore_errors=True)

@@ -1,0 +1,123 @@
+"""The run's settings: option values parsed and checked before any server starts."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from .models import ModelError, ModelInfo, load_model
+
+
+class OptionError(ValueError):
+    """A bad option value; the message names the option and what would be valid."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    backends: tuple[str, ...]
+    model: ModelInfo
+    lengths: tuple[int, ...]
+    fractions: tuple[float, ...]
+    rounds: int
+    results_dir: Path
+    block_size: int
+    server_url: str | None = None
+    server_args: tuple[str, ...] = ()
+    server_timeout: float = 600.0
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def max_model_len(self) -> int:
+        # Room for the longest prompt plus the one output token, never past what the model supports.
+        return min(self.model.max_model_len, max(self.lengths) + self.block_size)
+
+
+def parse_backends(value: str, known: list[str]) -> tuple[str, ...]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise OptionError(f"--kv-backend is empty; use 'all' or a comma list of {', '.join(known)}")
+    if "all" in names:
+        return tuple(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise OptionError(
+            f"--kv-backend: unknown backend {', '.join(map(repr, unknown))}; valid: all, {', '.join(known)}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+def parse_lengths(value: str, block_size: int) -> tuple[int, ...]:
+    try:
+        lengths = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise OptionError(f"--kv-lengths {value!r}: expected a comma list of whole token counts, e.g. 512,2048") from None
+    if not lengths:
+        raise OptionError("--kv-lengths is empty; expected a comma list of token counts, e.g. 512,2048")
+    short = [n for n in lengths if n <= block_size]
+    if short:
+        raise OptionError(
+            f"--kv-lengths: {', '.join(map(str, short))} not above one KV block ({block_size} tokens); "
+            f"a prompt needs more than one block for any of it to be cached"
+        )
+    return tuple(sorted(set(lengths)))
+
+
+def parse_fractions(value: str) -> tuple[float, ...]:
+    try:
+        fractions = [float(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        raise OptionError(f"--kv-fractions {value!r}: expected a comma list of numbers in (0, 1], e.g. 0.5,1.0") from None
+    if not fractions:
+        raise OptionError("--kv-fractions is empty; expected a comma list of numbers in (0, 1]")
+    bad = [f for f in fractions if not 0.0 < f <= 1.0]
+    if bad:
+        raise OptionError(f"--kv-fractions: {', '.join(map(str, bad))} outside (0, 1]; the cached prefix is a share of the prompt")
+    return tuple(sorted(set(fractions)))
+
+
+def parse_positive_int(option: str, value: str) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise OptionError(f"{option} {value!r}: expected a whole number of at least 1") from None
+    if number < 1:
+        raise OptionError(f"{option} {value!r}: expected a whole number of at least 1")
+    return number
+
+
+def parse_server_url(value: str | None) -> str | None:
+    if not value:
+        return None
+    url = urlparse(value)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise OptionError(f"--kv-server-url {value!r}: expected an http(s) URL such as http://127.0.0.1:8000")
+    return value.rstrip("/")
+
+
+def parse_server_args(values: list[str]) -> tuple[str, ...]:
+    args: list[str] = []
+    for value in values:
+        try:
+            args.extend(shlex.split(value))
+        except ValueError as exc:
+            raise OptionError(f"--kv-server-arg {value!r}: cannot split it like a shell would ({exc})") from None
+    return tuple(args)
+
+
+def parse_model(value: str) -> ModelInfo:
+    try:
+        return load_model(value)
+    except ModelError as exc:
+        raise OptionError(str(exc)) from None
+
+
+def check_fits_model(lengths: tuple[int, ...], model: ModelInfo) -> None:
+    too_long = [n for n in lengths if n >= model.max_model_len]
+    if too_long:
+        raise OptionError(
+            f"--kv-lengths: {', '.join(map(str, too_long))} not below the model's context of "
+            f"{model.max_model_len} tokens ({model.name})"
+        )
