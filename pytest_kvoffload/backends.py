@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import machine
+from .connector.config import default_chunk_tokens
 from .settings import Settings
 
 
@@ -117,8 +118,13 @@ def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[lis
     return argv, env
 
 
+def _kvoffload_chunk_tokens(settings: Settings) -> int:
+    configured = settings.extra.get("kvoffload_disk", {}).get("chunk_tokens")
+    return int(configured) if configured else default_chunk_tokens(settings.block_size)
+
+
 def _kvoffload_disk(ctx: LaunchContext) -> ServerSpec:
-    extra = {"store_dir": str(ctx.scratch / "kv-store")}
+    extra = {"store_dir": str(ctx.scratch / "kv-store"), "chunk_tokens": _kvoffload_chunk_tokens(ctx.settings)}
     extra.update(ctx.settings.extra.get("kvoffload_disk", {}))
     config = {
         "kv_connector": "KVOffloadDiskConnector",
@@ -182,7 +188,7 @@ def builtin_backends() -> list[Backend]:
             description="pytest-kvoffload's own disk connector",
             tier="disk",
             configure=_kvoffload_disk,
-            tier_granularity=lambda s: int(s.extra.get("kvoffload_disk", {}).get("chunk_tokens", s.block_size)),
+            tier_granularity=_kvoffload_chunk_tokens,
         ),
     ]
 

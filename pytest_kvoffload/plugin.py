@@ -96,9 +96,16 @@ def pytest_configure(config):
     except OptionError as exc:
         raise pytest.UsageError(str(exc)) from None
     reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
 
     def progress(message: str) -> None:
-        if reporter is not None:
+        # Server start-up takes minutes on a CPU: say so live, past pytest's output capture.
+        if reporter is None:
+            return
+        if capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(f"[kvoffload] {message}")
+        else:
             reporter.write_line(f"[kvoffload] {message}")
 
     options = {name: str(value) if isinstance(value, Path) else value

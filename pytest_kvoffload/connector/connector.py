@@ -1,0 +1,160 @@
+"""KVOffloadDiskConnector: the class vLLM loads; it hands each call to the scheduler or worker half."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from .config import ConnectorConfig
+from .hashing import key_seed
+from .metadata import KVOffloadMetadata
+from .scheduler import SchedulerSide
+from .prom import KVOffloadPromMetrics, KVOffloadStats
+from .store import SUFFIX
+
+log = logging.getLogger("pytest_kvoffload.connector")
+
+
+def fingerprint(vllm_config, chunk_tokens: int) -> str:
+    """Everything that makes stored KV unusable by another server: model, dtypes, geometry, platform."""
+    from vllm.platforms import current_platform
+
+    model = vllm_config.model_config
+    cache = vllm_config.cache_config
+    parallel = vllm_config.parallel_config
+    parts = [
+        f"model={model.model}",
+        f"dtype={model.dtype}",
+        f"kv_dtype={cache.cache_dtype}",
+        f"block={cache.block_size}",
+        f"chunk={chunk_tokens}",
+        f"layers={model.get_num_layers(parallel)}",
+        f"kv_heads={model.get_num_kv_heads(parallel)}",
+        f"head={model.get_head_size()}",
+        f"tp={parallel.tensor_parallel_size}",
+        f"platform={current_platform.device_type}",
+    ]
+    return "|".join(parts)
+
+
+class KVOffloadDiskConnector(KVConnectorBase_V1):
+    _cache_hit_source = CacheHitSource.DISK
+
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        block_size = vllm_config.cache_config.block_size
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        self.config = ConnectorConfig.from_extra(extra, block_size)
+        self.fingerprint = fingerprint(vllm_config, self.config.chunk_tokens)
+        seed = key_seed(self.fingerprint)
+        self._scheduler = None
+        self._worker = None
+        if role == KVConnectorRole.SCHEDULER:
+            # Tensor-parallel ranks keep separate files; rank 0's folder answers lookups for all.
+            root = self.config.store_dir / "rank0"
+            root.mkdir(parents=True, exist_ok=True)
+            self._scheduler = SchedulerSide(
+                self.config, block_size, seed,
+                exists=lambda key: (root / f"{key}{SUFFIX}").is_file(),
+                clear=lambda: _clear_all(self.config.store_dir),
+                admit=None,
+            )
+        else:
+            from .worker import WorkerSide
+
+            self._worker = WorkerSide(self.config, self.fingerprint, self.config.store_dir / f"rank{_tp_rank()}",
+                                      block_size)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # A cache, not a hand-off: a dropped save is just a later miss.
+        return False
+
+    # -- worker side --------------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches):
+        self._worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KVOffloadMetadata)
+        self._worker.start_load_kv(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs: Any) -> None:
+        # Saves copy whole chunks from the registered caches after the step (wait_for_save).
+        return
+
+    def wait_for_save(self):
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KVOffloadMetadata)
+        self._worker.wait_for_save(meta)
+
+    def get_finished(self, finished_req_ids):
+        return self._worker.get_finished(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.block_ids_with_load_errors() if self._worker else set()
+
+    def get_kv_connector_stats(self):
+        if self._worker is None:
+            return None
+        data = self._worker.counters.drain()
+        return KVOffloadStats(data=data) if data else None
+
+    def shutdown(self):
+        if self._worker is not None:
+            self._worker.shutdown()
+
+    # -- scheduler side -------------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output):
+        return self._scheduler.build_connector_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output):
+        self._scheduler.update_connector_output(connector_output)
+
+    def request_finished(self, request, block_ids):
+        return self._scheduler.request_finished(request, block_ids)
+
+    def reset_cache(self) -> bool | None:
+        return self._scheduler.reset_cache() if self._scheduler else None
+
+    # -- metrics ----------------------------------------------------------------------------------------
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        return KVOffloadStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        return KVOffloadPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank()
+    except Exception:  # not initialised (single process): rank 0
+        return 0
+
+
+def _clear_all(store_dir) -> int:
+    removed = 0
+    for rank_dir in store_dir.glob("rank*"):
+        for path in rank_dir.glob(f"*{SUFFIX}"):
+            try:
+                path.unlink()
+                removed += 1
+            except OSError:
+                pass
+    return removed

@@ -1,0 +1,32 @@
+"""Chained chunk keys: a chunk's key depends on every token up to and including it.
+
+blake2b, not Python's hash(): keys must agree between the scheduler and worker processes and across
+server restarts. The seed folds in everything that makes stored KV incompatible (model, dtype, block
+size, layout, platform), so another model's chunks can never answer a lookup.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+import numpy as np
+
+KEY_BYTES = 16
+
+
+def key_seed(fingerprint: str) -> bytes:
+    return hashlib.blake2b(fingerprint.encode(), digest_size=KEY_BYTES).digest()
+
+
+def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, seed: bytes) -> list[str]:
+    """Keys of the full chunks of `token_ids`, in order; a trailing partial chunk has none."""
+    tokens = np.asarray(token_ids, dtype="<i8")
+    keys = []
+    previous = seed
+    for start in range(0, len(tokens) - chunk_tokens + 1, chunk_tokens):
+        digest = hashlib.blake2b(previous, digest_size=KEY_BYTES)
+        digest.update(tokens[start:start + chunk_tokens].tobytes())
+        previous = digest.digest()
+        keys.append(previous.hex())
+    return keys

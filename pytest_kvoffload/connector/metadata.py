@@ -1,0 +1,34 @@
+"""What the scheduler half tells the worker half each step (pickled across processes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+
+@dataclass
+class ChunkBlocks:
+    """Blocks of one stored chunk: (index of the block within the chunk, the engine's block id)."""
+
+    key: str
+    blocks: list[tuple[int, int]]
+
+
+@dataclass
+class LoadJob:
+    req_id: str
+    chunks: list[ChunkBlocks]
+
+
+@dataclass
+class SaveJob:
+    req_id: str
+    key: str
+    block_ids: list[int]  # every block of the chunk, in order
+
+
+@dataclass
+class KVOffloadMetadata(KVConnectorMetadata):
+    loads: list[LoadJob] = field(default_factory=list)
+    saves: list[SaveJob] = field(default_factory=list)

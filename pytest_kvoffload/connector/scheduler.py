@@ -1,0 +1,147 @@
+"""The scheduler half: which prefix chunks the store holds, which to load, which finished chunks to save.
+
+Runs in the engine-core process. It only looks at file names; the worker half moves the bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .config import ConnectorConfig
+from .hashing import chunk_keys
+from .metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
+
+log = logging.getLogger("pytest_kvoffload.connector")
+
+
+@dataclass
+class _Tracked:
+    """A request the scheduler may save chunks of."""
+
+    prompt: list[int]
+    keys: list[str]
+    block_ids: list[int] = field(default_factory=list)
+    next_chunk: int = 0
+    has_saves: bool = False
+
+
+class SchedulerSide:
+    def __init__(self, config: ConnectorConfig, block_size: int, seed: bytes,
+                 exists: Callable[[str], bool], clear: Callable[[], int],
+                 admit: Callable[[int, int, int], bool] | None = None) -> None:
+        self.config = config
+        self.block_size = block_size
+        self.chunk = config.chunk_tokens
+        self.seed = seed
+        self.exists = exists
+        self.clear = clear
+        # admit(prefix tokens to load, prompt tokens, locally cached tokens) -> load or recompute.
+        self.admit = admit
+        self._keys: dict[str, list[str]] = {}
+        self._lookups: dict[str, int] = {}
+        self._loads: list[LoadJob] = []
+        self._tracked: dict[str, _Tracked] = {}
+        self._inflight: dict[str, set[str]] = {}  # req_id -> keys being saved
+
+    def _keys_for(self, req_id: str, prompt: list[int]) -> list[str]:
+        keys = self._keys.get(req_id)
+        if keys is None:
+            keys = self._keys[req_id] = chunk_keys(prompt, self.chunk, self.seed)
+        return keys
+
+    def _saving(self) -> set[str]:
+        return set().union(*self._inflight.values()) if self._inflight else set()
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+        prompt = list(request.prompt_token_ids or [])
+        keys = self._keys_for(request.request_id, prompt)
+        stored = 0
+        for key in keys:
+            if not self.exists(key):
+                break
+            stored += 1
+        # vLLM computes at least the last prompt token itself, and loads whole blocks.
+        loadable = (len(prompt) - 1) // self.block_size * self.block_size
+        matched = min(stored * self.chunk, loadable)
+        if matched <= num_computed_tokens:
+            return 0, False
+        if self.admit is not None and not self.admit(matched - num_computed_tokens, len(prompt), num_computed_tokens):
+            return 0, False
+        self._lookups[request.request_id] = num_computed_tokens
+        return matched - num_computed_tokens, True
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        if num_external_tokens <= 0:
+            return
+        req_id = request.request_id
+        start = self._lookups.pop(req_id, 0)
+        block_ids = blocks.get_block_ids()[0]
+        keys = self._keys_for(req_id, list(request.prompt_token_ids or []))
+        per_chunk = self.chunk // self.block_size
+        chunks: dict[int, ChunkBlocks] = {}
+        for b in range(start // self.block_size, (start + num_external_tokens) // self.block_size):
+            c = b // per_chunk
+            chunks.setdefault(c, ChunkBlocks(keys[c], [])).blocks.append((b % per_chunk, block_ids[b]))
+        self._loads.append(LoadJob(req_id, [chunks[c] for c in sorted(chunks)]))
+
+    def build_connector_meta(self, scheduler_output) -> KVOffloadMetadata:
+        meta = KVOffloadMetadata(loads=self._loads)
+        self._loads = []
+        saving = self._saving()
+        for new in scheduler_output.scheduled_new_reqs:
+            prompt = list(new.prompt_token_ids or [])
+            tracked = _Tracked(prompt, self._keys_for(new.req_id, prompt), list(new.block_ids[0]))
+            self._tracked[new.req_id] = tracked
+            done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
+            self._plan_saves(new.req_id, tracked, done, meta, saving)
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            tracked = self._tracked.get(req_id)
+            if tracked is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if req_id in cached.resumed_req_ids:
+                tracked.block_ids = list(new_ids[0]) if new_ids else []
+            elif new_ids:
+                tracked.block_ids.extend(new_ids[0])
+            done = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(req_id, 0)
+            self._plan_saves(req_id, tracked, done, meta, saving)
+        return meta
+
+    def _plan_saves(self, req_id: str, tracked: _Tracked, computed: int, meta: KVOffloadMetadata,
+                    saving: set[str]) -> None:
+        """Save each prompt chunk once a step has completed it, whichever step that is."""
+        per_chunk = self.chunk // self.block_size
+        complete = min(computed, len(tracked.prompt)) // self.chunk
+        while tracked.next_chunk < min(complete, len(tracked.keys)):
+            c = tracked.next_chunk
+            blocks = tracked.block_ids[c * per_chunk:(c + 1) * per_chunk]
+            if len(blocks) < per_chunk:
+                break
+            tracked.next_chunk += 1
+            key = tracked.keys[c]
+            if key in saving or self.exists(key):
+                continue
+            meta.saves.append(SaveJob(req_id, key, blocks))
+            saving.add(key)
+            self._inflight.setdefault(req_id, set()).add(key)
+            tracked.has_saves = True
+
+    def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
+        req_id = request.request_id
+        self._keys.pop(req_id, None)
+        self._lookups.pop(req_id, None)
+        tracked = self._tracked.pop(req_id, None)
+        # True keeps the blocks alive until the worker reports the saves done (get_finished).
+        return bool(tracked and tracked.has_saves), None
+
+    def update_connector_output(self, connector_output) -> None:
+        for req_id in connector_output.finished_sending or ():
+            self._inflight.pop(req_id, None)
+
+    def reset_cache(self) -> bool:
+        removed = self.clear()
+        log.info("kvoffload: store reset, %d chunks removed", removed)
+        return True

@@ -1,0 +1,167 @@
+"""The worker half: moves whole KV blocks of every layer between the engine's cache and chunk files.
+
+Loads and saves run on I/O threads, so the forward pass never waits on the drive: a load is reported
+through get_finished while its request waits in the scheduler, and a save holds its blocks (through
+request_finished) until the file is in place. Whole blocks (kv[block_id]) are copied, which is exact
+on the CPU and GPU cache layouts alike. On CUDA, blocks are staged through pinned host memory on a
+side stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import ConnectorConfig
+from .metadata import KVOffloadMetadata, LoadJob, SaveJob
+from .stats import Counters
+from .store import HEADER_SIZE, ChunkStore, Layout
+
+log = logging.getLogger("pytest_kvoffload.connector")
+
+
+class WorkerSide:
+    def __init__(self, config: ConnectorConfig, fingerprint: str, store_root: Path, block_size: int) -> None:
+        self.config = config
+        self.block_size = block_size
+        self.fingerprint = fingerprint
+        self.store_root = store_root
+        self.counters = Counters()
+        self.layers: list[torch.Tensor] = []
+        self.store: ChunkStore | None = None
+        self.pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvoffload-io")
+        self._loads: dict[str, tuple[LoadJob, Future]] = {}
+        self._saves: dict[str, list[Future]] = {}
+        self._finished: set[str] = set()
+        self._failed_blocks: set[int] = set()
+        self._cuda = False
+        self._stream = None
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self.layers = list(kv_caches.values())
+        first = self.layers[0]
+        shapes = {tuple(t.shape[1:]) for t in self.layers}
+        if len(shapes) != 1 or len({t.dtype for t in self.layers}) != 1:
+            raise ValueError("kvoffload connector: every layer's KV cache must share one block shape and dtype")
+        self.block_shape = tuple(first.shape[1:])
+        self.dtype = first.dtype
+        block_bytes = first[0].numel() * first.element_size()
+        per_chunk = self.config.chunk_tokens // self.block_size
+        self.layout = Layout(layers=len(self.layers), blocks=per_chunk, block_bytes=block_bytes)
+        self._cuda = first.is_cuda
+        if self._cuda:
+            self._stream = torch.cuda.Stream(device=first.device)
+        layout_text = f"{self.fingerprint}|shape={self.block_shape}|dtype={self.dtype}"
+        self.store = ChunkStore(self.store_root, layout_text, self.layout, self.config.capacity_bytes,
+                                self.config.direct_io, self.config.read_bytes_per_s, self.counters)
+        log.info("kvoffload: %d layers, block shape %s %s, %d blocks (%d bytes) per chunk file, store %s (%s)",
+                 len(self.layers), self.block_shape, self.dtype, per_chunk, self.layout.file_bytes,
+                 self.store_root, "O_DIRECT" if self.store.direct_io else "buffered")
+
+    # -- per-step entry points -----------------------------------------------------------------------
+    def start_load_kv(self, meta: KVOffloadMetadata) -> None:
+        for job in meta.loads:
+            self._loads[job.req_id] = (job, self.pool.submit(self._load, job))
+
+    def wait_for_save(self, meta: KVOffloadMetadata) -> None:
+        if not meta.saves:
+            return
+        ready = None
+        if self._cuda:
+            # The side stream must not read blocks before this step's forward has written them.
+            ready = torch.cuda.Event()
+            ready.record()
+        for job in meta.saves:
+            self._saves.setdefault(job.req_id, []).append(self.pool.submit(self._save, job, ready))
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        received = set()
+        for req_id, (job, future) in list(self._loads.items()):
+            if not future.done():
+                continue
+            del self._loads[req_id]
+            error = future.exception()
+            if error is not None:
+                log.warning("kvoffload: load for %s failed, recomputing: %r", req_id, error)
+                self._failed_blocks.update(b for chunk in job.chunks for _, b in chunk.blocks)
+            else:
+                self._failed_blocks.update(future.result())
+            received.add(req_id)
+        self._finished.update(r for r in finished_req_ids if r in self._saves)
+        sent = set()
+        for req_id in list(self._finished):
+            if all(f.done() for f in self._saves[req_id]):
+                for f in self._saves.pop(req_id):
+                    if f.exception() is not None:
+                        log.warning("kvoffload: save for %s failed: %s", req_id, f.exception())
+                self._finished.discard(req_id)
+                sent.add(req_id)
+        return sent or None, received or None
+
+    def block_ids_with_load_errors(self) -> set[int]:
+        failed, self._failed_blocks = self._failed_blocks, set()
+        if failed:
+            self.counters.add("blocks_load_failed", len(failed))
+        return failed
+
+    # -- I/O threads ------------------------------------------------------------------------------------
+    def _views(self, buffer: np.ndarray) -> torch.Tensor:
+        """The payload of a chunk buffer as [layers, blocks, *block_shape] in the cache's dtype."""
+        payload = torch.from_numpy(self.store.payload_view(buffer))
+        return payload.view(self.dtype).view(self.layout.layers, self.layout.blocks, *self.block_shape)
+
+    def _load(self, job: LoadJob) -> list[int]:
+        """Read each chunk and scatter its blocks into the cache; returns block ids that failed."""
+        failed: list[int] = []
+        buffer = self.store.new_buffer()
+        for chunk in job.chunks:
+            ids = [block_id for _, block_id in chunk.blocks]
+            if failed or not self.store.read(chunk.key, buffer):
+                # A prefix is only usable up to its first hole; everything after it is recomputed.
+                failed.extend(ids)
+                continue
+            src = self._views(buffer)
+            index = [i for i, _ in chunk.blocks]
+            self._scatter(src, index, ids)
+        return failed
+
+    def _scatter(self, src: torch.Tensor, index: list[int], ids: list[int]) -> None:
+        if self._cuda:
+            with torch.cuda.stream(self._stream):
+                staged = src[:, index].pin_memory() if not src.is_pinned() else src[:, index]
+                dst_ids = torch.tensor(ids, device=self.layers[0].device)
+                for layer, blocks in zip(self.layers, staged):
+                    layer.index_copy_(0, dst_ids, blocks.to(layer.device, non_blocking=True))
+            self._stream.synchronize()
+            return
+        dst_ids = torch.tensor(ids)
+        for layer, blocks in zip(self.layers, src[:, index]):
+            layer.index_copy_(0, dst_ids, blocks)
+
+    def _save(self, job: SaveJob, ready) -> bool:
+        buffer = self.store.new_buffer()
+        dst = self._views(buffer)
+        if self._cuda:
+            ids = torch.tensor(job.block_ids, device=self.layers[0].device)
+            staging = torch.empty(dst.shape, dtype=self.dtype, pin_memory=True)
+            with torch.cuda.stream(self._stream):
+                self._stream.wait_event(ready)
+                for i, layer in enumerate(self.layers):
+                    staging[i].copy_(layer.index_select(0, ids), non_blocking=True)
+            self._stream.synchronize()
+            dst.copy_(staging)
+        else:
+            ids = torch.tensor(job.block_ids)
+            for i, layer in enumerate(self.layers):
+                torch.index_select(layer, 0, ids, out=dst[i])
+        return self.store.write(job.key, buffer)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=False)
+
+
+__all__ = ["WorkerSide", "HEADER_SIZE"]
