@@ -31,8 +31,9 @@ class Settings:
 
     @property
     def max_model_len(self) -> int:
-        # Room for the longest prompt plus the one output token, never past what the model supports.
-        return min(self.model.max_model_len, max(self.lengths) + self.block_size)
+        # Room for the longest prompt plus output, at least 8k so that tests of multi-step prefills fit,
+        # never past what the model supports.
+        return min(self.model.max_model_len, max(max(self.lengths), 8192) + self.block_size)
 
 
 def parse_backends(value: str, known: list[str]) -> tuple[str, ...]:

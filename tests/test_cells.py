@@ -1,0 +1,23 @@
+from pytest_kvoffload.cells import Cell, Expectation, State, expectation, grid
+
+
+def test_grid_has_cold_once_per_length():
+    cells = grid((256, 1024), (0.5, 1.0))
+    assert [c.id for c in cells if c.state is State.COLD] == ["256-cold", "1024-cold"]
+    assert len(cells) == 2 * (1 + 2 * 2)
+
+
+def test_cold_must_have_nothing_cached():
+    assert Expectation(None, 0).check({}) is None
+    assert "17 tokens came from cache" in Expectation(None, 0).check({"device": 17})
+
+
+def test_tier_hit_from_the_engine_cache_fails_with_numbers():
+    message = Expectation("disk", 896).check({"device": 896})
+    assert message == "expected 896 cached tokens from 'disk', got 0 and {'device': 896} from elsewhere"
+
+
+def test_expectation_per_state():
+    cell = Cell(1024, 1.0, State.TIER_HIT)
+    assert expectation(cell, 1024, 128, "disk", 256) == Expectation("disk", 896)
+    assert expectation(Cell(1024, 0.5, State.ENGINE_HIT), 512, 128, "disk", 256) == Expectation("device", 512)

@@ -1,0 +1,44 @@
+import json
+
+import pytest
+
+from pytest_kvoffload.models import ModelError, load_model, shipped_models
+
+
+def test_shipped_models():
+    assert set(shipped_models()) >= {"tiny-llama", "llama-3.2-3b", "qwen3-4b", "llama-3.1-8b", "llama-3.3-70b"}
+
+
+@pytest.mark.parametrize("name,kv_bytes", [
+    ("llama-3.2-3b", 114_688),
+    ("llama-3.3-70b", 327_680),
+    ("llama-3.1-8b", 131_072),
+    ("qwen3-4b", 147_456),
+    ("tiny-llama", 4_096),
+])
+def test_kv_bytes_per_token_from_config(name, kv_bytes):
+    assert load_model(name).kv_bytes_per_token() == kv_bytes
+
+
+def test_fp8_kv_halves_the_bytes():
+    assert load_model("llama-3.2-3b").kv_bytes_per_token(kv_dtype_bytes=1) == 114_688 // 2
+
+
+@pytest.mark.parametrize("name,params", [("llama-3.3-70b", 70.55e9), ("llama-3.1-8b", 8.03e9), ("llama-3.2-3b", 3.21e9)])
+def test_parameter_count_matches_published_sizes(name, params):
+    assert load_model(name).parameter_count() == pytest.approx(params, rel=0.01)
+
+
+def test_any_folder_with_a_config(tmp_path):
+    config = json.loads(load_model("tiny-llama").path.joinpath("config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = load_model(str(tmp_path))
+    assert model.path == tmp_path.resolve()
+    assert model.kv_bytes_per_token() == 4096
+    assert not model.has_weights
+
+
+def test_config_missing_fields(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(ModelError, match="lacks num_hidden_layers"):
+        load_model(str(tmp_path))

@@ -1,0 +1,88 @@
+"""The plugin's options, usage errors, skip reasons and backend hook, through pytester (no servers)."""
+
+import pytest
+
+USES_BACKEND = """
+def test_backend(kv_backend):
+    assert kv_backend.name
+"""
+
+
+@pytest.fixture(autouse=True)
+def cpu_machine(monkeypatch):
+    monkeypatch.setenv("KVOFFLOAD_DEVICE", "cpu")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--kv-backend=nvme"], "--kv-backend: unknown backend 'nvme'; valid: all, gpu-only, native-cpu"),
+    (["--kv-fractions=0"], "--kv-fractions: 0.0 outside (0, 1]"),
+    (["--kv-fractions=1.5"], "--kv-fractions: 1.5 outside (0, 1]"),
+    (["--kv-lengths=64"], "--kv-lengths: 64 not above one KV block (128 tokens)"),
+    (["--kv-model=/no/such/model"], "--kv-model '/no/such/model': no such folder"),
+    (["--kv-rounds=0"], "--kv-rounds '0': expected a whole number of at least 1"),
+    (["--kv-server-url=localhost"], "--kv-server-url 'localhost'"),
+])
+def test_bad_option_is_a_usage_error_before_any_server(pytester, args, message):
+    pytester.makepyfile(USES_BACKEND)
+    result = pytester.runpytest_subprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}*"])
+    assert not (pytester.path / "results").exists()
+
+
+def test_ini_values_are_read(pytester):
+    pytester.makeini("[pytest]\nkv_backend = nvme\n")
+    pytester.makepyfile(USES_BACKEND)
+    result = pytester.runpytest_subprocess()
+    result.stderr.fnmatch_lines(["*--kv-backend: unknown backend 'nvme'*"])
+
+
+def test_command_line_overrides_ini(pytester):
+    pytester.makeini("[pytest]\nkv_lengths = 64\n")
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess("--kv-lengths=512")
+    result.assert_outcomes(passed=1)
+
+
+def test_cuda_backends_skip_with_one_line_reason_on_a_cpu(pytester):
+    pytester.makepyfile(USES_BACKEND)
+    result = pytester.runpytest_subprocess("--kv-backend=native-cpu,lmcache-disk", "-rs")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines([
+        "*SKIPPED*native-cpu needs an NVIDIA GPU: vLLM's CPU offload raises on the CPU platform*",
+        "*SKIPPED*lmcache-disk needs an NVIDIA GPU: LMCache 0.5.6 has no CPU connector*",
+    ])
+    # Skipped backends are never silently dropped from the report.
+    result.stdout.fnmatch_lines(["*native-cpu: skipped (native-cpu needs an NVIDIA GPU*"])
+
+
+def test_grid_parametrizes_cells_and_drops_tier_cells_without_a_tier(pytester):
+    pytester.makepyfile("def test_cell(kv_backend, kv_cell):\n    pass\n")
+    result = pytester.runpytest_subprocess("--kv-backend=gpu-only,native-cpu", "--kv-lengths=256,512",
+                                           "--kv-fractions=1.0", "--collect-only", "-q")
+    out = result.stdout.str()
+    assert "test_cell[gpu-only-256-cold]" in out and "test_cell[gpu-only-512-f1-engine-hit]" in out
+    assert "test_cell[gpu-only-256-f1-tier-hit]" not in out
+    assert "test_cell[native-cpu-512-f1-tier-hit]" in out
+    assert "2 deselected" in out
+
+
+def test_conftest_can_register_its_own_backend(pytester):
+    pytester.makeconftest("""
+from pytest_kvoffload.backends import Backend, ServerSpec
+
+def pytest_kvoffload_register_backends(registry):
+    registry.register(Backend(name="my-connector", description="ours", tier="disk", needs_cuda=True,
+                              cuda_reason="it is CUDA-only",
+                              configure=lambda ctx: ServerSpec(args=["--foo"])))
+""")
+    pytester.makepyfile(USES_BACKEND)
+    result = pytester.runpytest_subprocess("--kv-backend=my-connector", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*my-connector needs an NVIDIA GPU: it is CUDA-only*"])
+
+
+def test_report_header_names_the_grid(pytester):
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess("--kv-lengths=256,2048", "--kv-model=llama-3.2-3b")
+    result.stdout.fnmatch_lines(["kvoffload: backends *; model llama-3.2-3b (114,688 KV bytes/token); lengths 256,2048*"])

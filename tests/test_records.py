@@ -1,0 +1,64 @@
+import json
+
+import pytest
+
+from pytest_kvoffload.records import RecordError, RunWriter, read_run
+from pytest_kvoffload.report import render
+from pytest_kvoffload.stats import cell_table, summarize
+
+
+def measurement(state, ttft, fraction=0.0, sources=None, purpose="measure", length=1024):
+    return {"backend": "gpu-only", "length": length, "fraction": fraction, "state": state, "round": 1,
+            "purpose": purpose, "prompt_tokens": length, "client_ttft_s": ttft, "server_ttft_s": ttft * 0.9,
+            "cached_by_source": sources or {}, "verified": True}
+
+
+def test_run_is_valid_json_and_partial_from_the_start(tmp_path):
+    writer = RunWriter(tmp_path / "run", "r1", {"rounds": 1}, {"device": "cpu"})
+    writer.add_measurement(measurement("cold", 0.2))
+    run = read_run(tmp_path / "run")
+    assert run["status"] == "partial" and len(run["measurements"]) == 1
+
+
+def test_finish_marks_complete_with_cells(tmp_path):
+    writer = RunWriter(tmp_path, "r1", {}, {})
+    for ttft in (0.2, 0.3):
+        writer.add_measurement(measurement("cold", ttft))
+    writer.add_measurement(measurement("engine-hit", 0.05, 1.0, {"device": 896}))
+    writer.add_measurement(measurement("engine-hit", 9.0, 1.0, purpose="prime"))
+    writer.finish("complete", cell_table(writer.data["measurements"]))
+    run = read_run(tmp_path / "run.json")
+    assert run["status"] == "complete"
+    cold = [c for c in run["cells"] if c["state"] == "cold"][0]
+    assert cold["ttft"]["n"] == 2 and cold["ttft"]["p50"] == pytest.approx(0.25)
+    hit = [c for c in run["cells"] if c["state"] == "engine-hit"][0]
+    assert hit["ttft"]["n"] == 1 and hit["sources"] == {"device": 896}
+
+
+def test_read_run_refuses_other_files(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({"schema": "other"}))
+    with pytest.raises(RecordError, match="not a pytest-kvoffload run record"):
+        read_run(tmp_path)
+    (tmp_path / "run.json").write_text("{")
+    with pytest.raises(RecordError, match="not valid JSON"):
+        read_run(tmp_path)
+    with pytest.raises(RecordError, match="no run.json there"):
+        read_run(tmp_path / "missing")
+
+
+def test_summary_statistics():
+    s = summarize([1.0, 2.0, 3.0, 4.0])
+    assert s["p50"] == 2.5 and s["n"] == 4 and s["max"] == 4.0
+    assert s["spread"] == pytest.approx((3.25 - 1.75) / 2 / 2.5)
+
+
+def test_report_shows_cells_and_skipped_backends(tmp_path):
+    writer = RunWriter(tmp_path, "r1", {}, {})
+    writer.set_backend("gpu-only", "measured")
+    writer.set_backend("native-cpu", "skipped", "native-cpu needs an NVIDIA GPU")
+    writer.add_measurement(measurement("cold", 0.4))
+    writer.add_measurement(measurement("engine-hit", 0.1, 1.0, {"device": 896}))
+    writer.finish("complete", cell_table(writer.data["measurements"]))
+    text = render(read_run(tmp_path))
+    assert "native-cpu: skipped (native-cpu needs an NVIDIA GPU)" in text
+    assert "4.00x" in text and "device 896" in text and "400" in text

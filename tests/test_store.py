@@ -1,0 +1,189 @@
+import errno
+import os
+import time
+
+import numpy as np
+import pytest
+
+from pytest_kvoffload.connector.config import ConnectorConfig, ConnectorConfigError
+from pytest_kvoffload.connector.stats import Counters
+from pytest_kvoffload.connector.store import ALIGN, HEADER_SIZE, ChunkStore, Layout, checksum
+
+LAYOUT = Layout(layers=4, blocks=2, block_bytes=8192)
+KEY = "00112233445566778899aabbccddeeff"
+OTHER = "ffeeddccbbaa99887766554433221100"
+
+
+def make_store(path, **kw):
+    kw.setdefault("capacity_bytes", 1 << 30)
+    return ChunkStore(path, kw.pop("fingerprint", "model=a"), kw.pop("layout", LAYOUT), **kw)
+
+
+def filled(store, value=None):
+    buf = store.new_buffer()
+    payload = store.payload_view(buf)
+    payload[:] = np.random.default_rng(value).integers(0, 255, payload.size, dtype=np.uint8)
+    return buf
+
+
+def test_round_trip_is_byte_exact(tmp_path):
+    store = make_store(tmp_path)
+    buf = filled(store, 1)
+    assert store.write(KEY, buf)
+    out = store.new_buffer()
+    assert store.read(KEY, out)
+    assert np.array_equal(store.payload_view(out), store.payload_view(buf))
+    assert out.ctypes.data % ALIGN == 0
+
+
+def test_file_is_header_plus_padded_payload(tmp_path):
+    store = make_store(tmp_path)
+    store.write(KEY, filled(store))
+    size = os.path.getsize(store.path(KEY))
+    assert size == HEADER_SIZE + LAYOUT.payload_bytes and size % ALIGN == 0
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+
+
+def test_counts_bytes_and_amplification(tmp_path):
+    counters = Counters()
+    store = make_store(tmp_path, counters=counters)
+    store.write(KEY, filled(store))
+    store.read(KEY, store.new_buffer())
+    c = counters.drain()
+    assert c["useful_bytes_written"] == LAYOUT.payload_bytes == c["useful_bytes_read"]
+    assert c["bytes_read"] == LAYOUT.file_bytes
+    assert c["direct_io"] in (0.0, 1.0)
+
+
+def test_missing_chunk_is_a_counted_miss(tmp_path):
+    counters = Counters()
+    store = make_store(tmp_path, counters=counters)
+    assert not store.read(KEY, store.new_buffer())
+    assert counters.drain()["chunks_missing"] == 1
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "magic"])
+def test_damaged_chunk_is_a_miss_and_removed(tmp_path, damage):
+    counters = Counters()
+    store = make_store(tmp_path, counters=counters)
+    store.write(KEY, filled(store))
+    path = store.path(KEY)
+    data = bytearray(path.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    elif damage == "flip":
+        data[HEADER_SIZE + 100] ^= 0xFF
+    else:
+        data[:8] = b"XXXXXXXX"
+    path.write_bytes(bytes(data))
+    assert not store.read(KEY, store.new_buffer())
+    assert counters.drain()["chunks_corrupt"] == 1
+    assert not path.exists()
+
+
+def test_chunk_of_another_model_is_ignored(tmp_path):
+    counters = Counters()
+    writer = make_store(tmp_path, fingerprint="model=a")
+    writer.write(KEY, filled(writer))
+    reader = make_store(tmp_path, fingerprint="model=b", counters=counters)
+    assert not reader.read(KEY, reader.new_buffer())
+    assert counters.drain()["chunks_foreign"] == 1
+
+
+def test_lru_eviction_keeps_recently_read_chunks(tmp_path):
+    store = make_store(tmp_path, capacity_bytes=2 * LAYOUT.file_bytes)
+    keys = [f"{i:032x}" for i in range(3)]
+    store.write(keys[0], filled(store))
+    store.write(keys[1], filled(store))
+    assert store.read(keys[0], store.new_buffer())  # keys[1] is now the oldest
+    store.write(keys[2], filled(store))
+    assert [store.contains(k) for k in keys] == [True, False, True]
+
+
+def test_lru_order_survives_a_restart(tmp_path):
+    store = make_store(tmp_path, capacity_bytes=2 * LAYOUT.file_bytes)
+    store.write(KEY, filled(store))
+    time.sleep(0.02)
+    store.write(OTHER, filled(store))
+    again = make_store(tmp_path, capacity_bytes=2 * LAYOUT.file_bytes)
+    again.write("ab" * 16, filled(again))
+    assert not again.contains(KEY) and again.contains(OTHER)
+
+
+def test_chunk_larger_than_capacity_is_declined(tmp_path):
+    counters = Counters()
+    store = make_store(tmp_path, capacity_bytes=1000, counters=counters)
+    assert not store.write(KEY, filled(store))
+    assert counters.drain()["writes_declined"] == 1
+
+
+def test_full_disk_declines_the_write_and_leaves_no_temporary(tmp_path, monkeypatch):
+    counters = Counters()
+    store = make_store(tmp_path, counters=counters)
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    assert not store.write(KEY, filled(store))
+    monkeypatch.undo()
+    c = counters.drain()
+    assert c["writes_declined"] == 1 and c["write_errors_full"] == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_vanished_folder_declines_writes_and_misses_reads(tmp_path):
+    counters = Counters()
+    root = tmp_path / "store"
+    store = make_store(root, counters=counters)
+    store.write(KEY, filled(store))
+    for p in root.iterdir():
+        p.unlink()
+    root.rmdir()
+    assert not store.write(OTHER, filled(store))
+    assert not store.read(KEY, store.new_buffer())
+    c = counters.drain()
+    assert c["write_errors_vanished"] == 1 and c["chunks_missing"] == 1
+    assert not root.exists()
+
+
+def test_clear_empties_the_store(tmp_path):
+    store = make_store(tmp_path)
+    store.write(KEY, filled(store))
+    store.write(OTHER, filled(store))
+    assert store.clear() == 2 and not store.contains(KEY)
+
+
+def test_bandwidth_limit_emulates_a_slower_drive(tmp_path):
+    layout = Layout(layers=1, blocks=1, block_bytes=4 << 20)
+    store = make_store(tmp_path, layout=layout, read_bytes_per_s=100e6)
+    store.write(KEY, filled(store))
+    buf = store.new_buffer()
+    started = time.perf_counter()
+    for _ in range(3):
+        assert store.read(KEY, buf)
+    elapsed = time.perf_counter() - started
+    assert elapsed >= 3 * layout.file_bytes / 100e6 * 0.99
+
+
+def test_checksum_sees_one_flipped_bit():
+    data = np.zeros(4096, dtype=np.uint8)
+    before = checksum(data)
+    data[77] = 1
+    assert checksum(data) != before
+
+
+def test_config_from_extra():
+    config = ConnectorConfig.from_extra({"store_dir": "/x", "read_gbps": 0.5, "direct_io": "false"}, 128)
+    assert config.chunk_tokens == 256 and config.read_bytes_per_s == 0.5e9 and not config.direct_io
+
+
+@pytest.mark.parametrize("extra,match", [
+    ({}, "store_dir is required"),
+    ({"store_dir": "/x", "chunk_tokens": 100}, "multiple of the block size 128"),
+    ({"store_dir": "/x", "bogus": 1}, "unknown option"),
+    ({"store_dir": "/x", "read_gbps": 0}, "read_gbps"),
+])
+def test_config_errors_name_the_option(extra, match):
+    with pytest.raises(ConnectorConfigError, match=match):
+        ConnectorConfig.from_extra(extra, 128)
