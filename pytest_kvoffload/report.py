@@ -55,6 +55,8 @@ def render(run: dict) -> str:
     tables = ttft_rows(run.get("cells") or [])
     for name, entry in (run.get("backends") or {}).items():
         status = entry.get("status", "?")
+        if status == "selected" and name not in tables:
+            continue  # chosen but never reached by any test in this session
         if status == "skipped" or name not in tables:
             reason = entry.get("reason") or ("no cells measured" if status != "skipped" else "")
             lines.append(f"{name}: {status}" + (f" ({reason})" if reason else ""))

@@ -71,10 +71,11 @@ class Endpoint:
     def metrics(self) -> Snapshot:
         return snapshot(self.metrics_text())
 
-    def reset_prefix_cache(self, external: bool, attempts: int = 20) -> None:
+    def reset_prefix_cache(self, external: bool, attempts: int = 120) -> None:
         """Evict the engine's prefix cache (and the connector's store when `external`).
 
-        vLLM refuses while blocks are still in use by a finishing request, so retry briefly.
+        vLLM answers {"success": false} while blocks are still held (a finishing request, an
+        in-flight save), so retry briefly.
         """
         last = ""
         for _ in range(attempts):
@@ -82,7 +83,12 @@ class Endpoint:
                 f"{self.url}/reset_prefix_cache", params={"reset_external": str(external).lower()}, timeout=30
             )
             if response.status_code == 200:
-                return
+                try:
+                    ok = response.json().get("success", True)
+                except ValueError:
+                    ok = True
+                if ok:
+                    return
             last = f"HTTP {response.status_code}: {response.text[:200]}"
             if response.status_code == 404:
                 break
