@@ -130,6 +130,8 @@ def _kvoffload_disk(ctx: LaunchContext) -> ServerSpec:
         "kv_connector": "KVOffloadDiskConnector",
         "kv_connector_module_path": "pytest_kvoffload.connector",
         "kv_role": "kv_both",
+        # A damaged or vanished chunk must cost a recompute, never the request (vLLM's default is "fail").
+        "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": extra,
     }
     return ServerSpec(args=["--kv-transfer-config", json.dumps(config)])

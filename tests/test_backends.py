@@ -39,6 +39,7 @@ def test_kvoffload_disk_loads_our_connector_by_module_path(tmp_path):
     assert config["kv_connector"] == "KVOffloadDiskConnector"
     assert config["kv_connector_module_path"] == "pytest_kvoffload.connector"
     assert config["kv_role"] == "kv_both"
+    assert config["kv_load_failure_policy"] == "recompute"
     assert config["kv_connector_extra_config"] == {"store_dir": str(tmp_path / "kv-store"), "chunk_tokens": 256}
 
 

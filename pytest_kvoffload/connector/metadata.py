@@ -26,6 +26,7 @@ class SaveJob:
     req_id: str
     key: str
     block_ids: list[int]  # every block of the chunk, in order
+    index: int = 0  # the chunk's position in the prompt (recorded in the file header)
 
 
 @dataclass

@@ -44,6 +44,9 @@ class SchedulerSide:
         self._loads: list[LoadJob] = []
         self._tracked: dict[str, _Tracked] = {}
         self._inflight: dict[str, set[str]] = {}  # req_id -> keys being saved
+        # One load attempt per request: after a failed load vLLM asks again, and a damaged file that is
+        # still there would otherwise be matched and fail forever.
+        self._attempted: set[str] = set()
 
     def _keys_for(self, req_id: str, prompt: list[int]) -> list[str]:
         keys = self._keys.get(req_id)
@@ -55,6 +58,8 @@ class SchedulerSide:
         return set().union(*self._inflight.values()) if self._inflight else set()
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+        if request.request_id in self._attempted:
+            return 0, False
         prompt = list(request.prompt_token_ids or [])
         keys = self._keys_for(request.request_id, prompt)
         stored = 0
@@ -76,6 +81,7 @@ class SchedulerSide:
         if num_external_tokens <= 0:
             return
         req_id = request.request_id
+        self._attempted.add(req_id)
         start = self._lookups.pop(req_id, 0)
         block_ids = blocks.get_block_ids()[0]
         keys = self._keys_for(req_id, list(request.prompt_token_ids or []))
@@ -124,7 +130,7 @@ class SchedulerSide:
             key = tracked.keys[c]
             if key in saving or self.exists(key):
                 continue
-            meta.saves.append(SaveJob(req_id, key, blocks))
+            meta.saves.append(SaveJob(req_id, key, blocks, c))
             saving.add(key)
             self._inflight.setdefault(req_id, set()).add(key)
             tracked.has_saves = True
@@ -133,6 +139,7 @@ class SchedulerSide:
         req_id = request.request_id
         self._keys.pop(req_id, None)
         self._lookups.pop(req_id, None)
+        self._attempted.discard(req_id)
         tracked = self._tracked.pop(req_id, None)
         # True keeps the blocks alive until the worker reports the saves done (get_finished).
         return bool(tracked and tracked.has_saves), None

@@ -30,8 +30,11 @@ MAGIC = b"KVOFFLD1"
 FORMAT_VERSION = 1
 ALIGN = 4096
 HEADER_SIZE = ALIGN
-# magic, version, fingerprint digest, key, payload bytes, checksum, layers, blocks, bytes per block
-_HEADER = struct.Struct("<8sI32s16sQQIIQ")
+# magic, version, fingerprint digest, key, payload bytes, checksum, layers, blocks, bytes per block,
+# chunk index in its prompt
+_HEADER = struct.Struct("<8sI32s16sQQIIQI")
+HEADER_FIELDS = ("magic", "version", "fingerprint", "key", "payload_bytes", "checksum", "layers", "blocks",
+                 "block_bytes", "chunk_index")
 SUFFIX = ".kv"
 
 
@@ -72,6 +75,12 @@ class Layout:
     @property
     def file_bytes(self) -> int:
         return HEADER_SIZE + padded(self.payload_bytes)
+
+
+def read_header(path: Path) -> dict:
+    """A chunk file's header fields (for tools and tests; no validation)."""
+    with open(path, "rb") as fh:
+        return dict(zip(HEADER_FIELDS, _HEADER.unpack(fh.read(_HEADER.size))))
 
 
 class ChunkStore:
@@ -154,7 +163,7 @@ class ChunkStore:
     def payload_view(self, buffer: np.ndarray) -> np.ndarray:
         return buffer[HEADER_SIZE:HEADER_SIZE + self.layout.payload_bytes]
 
-    def write(self, key: str, buffer: np.ndarray) -> bool:
+    def write(self, key: str, buffer: np.ndarray, index: int = 0) -> bool:
         """Store a chunk whose payload was gathered into `buffer` (from new_buffer). False: declined."""
         size = self.layout.file_bytes
         if size > self.capacity_bytes:
@@ -163,7 +172,7 @@ class ChunkStore:
             return False
         payload = self.payload_view(buffer)
         header = _HEADER.pack(MAGIC, FORMAT_VERSION, self.fingerprint, bytes.fromhex(key), payload.size,
-                              checksum(payload), self.layout.layers, self.layout.blocks, self.layout.block_bytes)
+                              checksum(payload), self.layout.layers, self.layout.blocks, self.layout.block_bytes, index)
         buffer[:len(header)] = np.frombuffer(header, dtype=np.uint8)
         self._make_room(size)
         tmp = self.root / f".tmp-{key}-{threading.get_ident()}"
@@ -250,14 +259,16 @@ class ChunkStore:
             return False
         finally:
             os.close(fd)
-        magic, version, fingerprint, stored_key, length, stored_sum, layers, blocks, block_bytes = \
+        magic, version, fingerprint, stored_key, length, stored_sum, layers, blocks, block_bytes, _ = \
             _HEADER.unpack_from(buffer[:_HEADER.size].tobytes())
         if magic != MAGIC or version != FORMAT_VERSION:
             return self._corrupt(key, "not a kvoffload chunk of this format version")
         if fingerprint != self.fingerprint or (layers, blocks, block_bytes) != (
                 self.layout.layers, self.layout.blocks, self.layout.block_bytes):
+            # Keys are seeded with the fingerprint, so this file can serve no server: remove it.
             self.counters.add("chunks_foreign")
-            self._once("foreign", f"chunk {key} was written for another model or layout; ignored")
+            self._once("foreign", f"chunk {key} was written for another model or layout; removed")
+            self._forget(key)
             return False
         payload = self.payload_view(buffer)
         if stored_key != bytes.fromhex(key) or length != payload.size or checksum(payload) != stored_sum:
@@ -287,14 +298,16 @@ class ChunkStore:
     def _corrupt(self, key: str, why: str) -> bool:
         self.counters.add("chunks_corrupt")
         self._once("corrupt", f"chunk {key} is damaged ({why}); removed and recomputed")
+        self._forget(key)
+        return False
+
+    def _forget(self, key: str) -> None:
         try:
             os.unlink(self.path(key))
         except OSError:
             pass
         with self._lock:
-            size = self._lru.pop(key, 0)
-            self._used -= size
-        return False
+            self._used -= self._lru.pop(key, 0)
 
     def clear(self) -> int:
         """Remove every chunk (vLLM's reset_external); returns how many were removed."""

@@ -158,7 +158,7 @@ class WorkerSide:
             ids = torch.tensor(job.block_ids)
             for i, layer in enumerate(self.layers):
                 torch.index_select(layer, 0, ids, out=dst[i])
-        return self.store.write(job.key, buffer)
+        return self.store.write(job.key, buffer, index=job.index)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=False)

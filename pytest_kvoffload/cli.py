@@ -1,0 +1,104 @@
+"""`kvoffload`: estimate, probe and report as thin wrappers over the package's modules."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tabulate import tabulate
+
+
+def _estimate(args) -> int:
+    from .estimate import estimate
+    from .models import ModelError, load_model
+
+    try:
+        model = load_model(args.model)
+    except ModelError as exc:
+        print(f"kvoffload estimate: {str(exc).replace('--kv-model', '--model')}", file=sys.stderr)
+        return 2
+    rows = []
+    for tokens in args.tokens:
+        e = estimate(model, tokens, args.peak_tflops, args.mfu, args.kv_dtype_bytes, args.params)
+        rows.append([f"{tokens:,}", f"{e.prefill_s * 1000:,.1f}", f"{e.kv_bytes / 1e9:.3f}", f"{e.required_gbps:.2f}"])
+    print(f"{model.name}: {model.kv_bytes_per_token(args.kv_dtype_bytes):,} KV bytes/token, "
+          f"{(args.params or model.parameter_count()) / 1e9:.2f} B parameters, "
+          f"{args.peak_tflops:g} TFLOP/s x {args.mfu:g} MFU (first-order, no fixed overhead)")
+    print(tabulate(rows, headers=["tokens", "prefill ms", "KV GB", "break-even GB/s"], disable_numparse=True))
+    return 0
+
+
+def _probe(args) -> int:
+    from .probe import probe_disk
+
+    try:
+        result = probe_disk(args.path, args.request_mib << 20, args.size_mib << 20, args.repeats)
+    except (NotADirectoryError, OSError) as exc:
+        print(f"kvoffload probe disk: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        mode = "O_DIRECT" if result.direct_io else "buffered (O_DIRECT refused), cached pages dropped"
+        print(f"{result.path}: read {result.read_gbps:.2f} GB/s, write {result.write_gbps:.2f} GB/s "
+              f"({result.request_bytes >> 20} MiB requests, {result.total_bytes >> 20} MiB, {mode})")
+    return 0
+
+
+def _report(args) -> int:
+    from .records import RecordError, read_run
+    from .report import render
+
+    try:
+        run = read_run(args.run)
+    except RecordError as exc:
+        print(f"kvoffload report: {exc}", file=sys.stderr)
+        return 2
+    print(render(run))
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvoffload", description="KV offload break-even tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    est = sub.add_parser("estimate", help="the seed's first-order break-even bandwidth")
+    est.add_argument("--model", required=True, help="a shipped model name or a folder with an HF config.json")
+    est.add_argument("--tokens", type=_positive_int, nargs="+", required=True, help="prompt lengths")
+    est.add_argument("--peak-tflops", type=float, default=989.0, help="dense BF16 peak (default: H100 SXM, 989)")
+    est.add_argument("--mfu", type=float, default=0.5, help="achieved share of the peak (default 0.5)")
+    est.add_argument("--kv-dtype-bytes", type=int, default=None, help="bytes per KV element (default: the model's dtype)")
+    est.add_argument("--params", type=float, default=None, help="parameter count (default: from the config)")
+    est.set_defaults(handler=_estimate)
+
+    probe = sub.add_parser("probe", help="raw drive bandwidth")
+    probe_sub = probe.add_subparsers(dest="what", required=True)
+    disk = probe_sub.add_parser("disk", help="O_DIRECT sequential read and write under PATH")
+    disk.add_argument("path")
+    disk.add_argument("--request-mib", type=_positive_int, default=4, help="bytes per request, MiB (default 4)")
+    disk.add_argument("--size-mib", type=_positive_int, default=256, help="file size, MiB (default 256)")
+    disk.add_argument("--repeats", type=_positive_int, default=3)
+    disk.add_argument("--json", action="store_true")
+    disk.set_defaults(handler=_probe)
+
+    report = sub.add_parser("report", help="the tables of a saved run")
+    report.add_argument("run", help="a run folder under results/ or its run.json")
+    report.set_defaults(handler=_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

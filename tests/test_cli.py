@@ -1,0 +1,49 @@
+import json
+
+import pytest
+
+from pytest_kvoffload.cli import main
+from pytest_kvoffload.estimate import estimate
+from pytest_kvoffload.models import load_model
+from pytest_kvoffload.probe import probe_disk
+
+
+@pytest.mark.parametrize("model,tokens,params,gbps", [
+    ("llama-3.2-3b", 8192, None, 7.24),
+    ("llama-3.2-3b", 81920, None, 2.76),
+    ("llama-3.3-70b", 32768, 70.55e9, 0.88),
+])
+def test_estimate_reproduces_the_seed(model, tokens, params, gbps):
+    assert round(estimate(load_model(model), tokens, params=params).required_gbps, 2) == gbps
+
+
+def test_fp8_kv_halves_the_requirement():
+    m = load_model("llama-3.2-3b")
+    assert estimate(m, 8192, kv_dtype_bytes=1).required_gbps == pytest.approx(estimate(m, 8192).required_gbps / 2)
+
+
+def test_estimate_command(capsys):
+    assert main(["estimate", "--model", "llama-3.2-3b", "--tokens", "8192"]) == 0
+    assert "7.24" in capsys.readouterr().out
+
+
+def test_estimate_unknown_model(capsys):
+    assert main(["estimate", "--model", "nope", "--tokens", "8192"]) == 2
+    assert "--model 'nope'" in capsys.readouterr().err
+
+
+def test_probe_disk(tmp_path, capsys):
+    result = probe_disk(tmp_path, request_bytes=1 << 20, total_bytes=8 << 20, repeats=1)
+    assert result.read_gbps > 0 and result.write_gbps > 0 and list(tmp_path.iterdir()) == []
+    assert main(["probe", "disk", str(tmp_path), "--size-mib", "4", "--repeats", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["read_gbps"] > 0
+
+
+def test_probe_missing_folder(tmp_path, capsys):
+    assert main(["probe", "disk", str(tmp_path / "no")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+
+
+def test_report_of_a_missing_run(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no run.json there" in capsys.readouterr().err
