@@ -38,9 +38,13 @@ def kv_backend(request, kv_session) -> Backend:
     return backend
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def kv_server(kv_session, kv_backend) -> Endpoint:
-    """A healthy vLLM server for kv_backend, shared by every test of that backend in the session."""
+    """A healthy vLLM server for kv_backend, shared by every test of that backend in the session.
+
+    The session's server pool does the sharing; asking it per test means a test that restarts a
+    server (or a server that died) never leaves later tests holding a stale endpoint.
+    """
     try:
         return kv_session.endpoint(kv_backend)
     except ServerStartError as exc:

@@ -6,6 +6,7 @@ Ctrl-C or a crashed server still leaves valid JSON, marked "partial" until the s
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import tempfile
@@ -100,3 +101,19 @@ def read_run(path: str | Path) -> dict:
             f"{p}: schema version {data.get('schema_version')}, this plugin reads version {SCHEMA_VERSION}"
         )
     return data
+
+
+CSV_COLUMNS = ["backend", "length", "fraction", "state", "n", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "spread",
+               "prompt_tokens", "cached_tokens_mean", "sources", "verified"]
+
+
+def write_cells_csv(path: Path, cells: list[dict]) -> None:
+    """One row per cell, for spreadsheets; run.json stays the complete record."""
+    with open(path, "w", newline="") as fh:
+        out = csv.writer(fh)
+        out.writerow(CSV_COLUMNS)
+        for c in cells:
+            t = c["ttft"]
+            sources = ";".join(f"{k}={v:g}" for k, v in sorted(c["sources"].items()))
+            out.writerow([c["backend"], c["length"], c["fraction"], c["state"], t["n"], t["p50"], t["p90"], t["p99"],
+                          t["spread"], c["prompt_tokens"], c["cached_tokens_mean"], sources, c["verified"]])

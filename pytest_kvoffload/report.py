@@ -64,6 +64,10 @@ def render(run: dict) -> str:
         lines.append(f"{name}: TTFT p50 ±spread, cached tokens by source (mean per request)")
         lines.append(tabulate(tables[name], headers=HEADERS, tablefmt="simple", disable_numparse=True))
         lines.append("")
+    for name, bench in (run.get("benchmarks") or {}).items():
+        lines.append(f"{name}:")
+        lines.append(bench.get("text", ""))
+        lines.append("")
     status = run.get("status")
     lines.append(f"run {run.get('run_id')}: {status}")
     return "\n".join(lines)

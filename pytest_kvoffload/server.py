@@ -219,8 +219,15 @@ class ServerPool:
         if key in self._failed:
             raise ServerStartError(self._failed[key])
         if key in self._servers:
-            self._servers[key] = self._servers.pop(key)  # most recently used last
-            return self._servers[key]
+            server = self._servers.pop(key)
+            self._servers[key] = server  # most recently used last
+            code = server.proc.poll() if server.proc else None
+            if code is not None:
+                self.release(key)
+                self._failed[key] = (f"{key}: vLLM exited with code {code} during the session; log "
+                                     f"{server.log_path}, last lines:\n{log_tail(server.log_path)}")
+                raise ServerStartError(self._failed[key])
+            return server
         while len(self._servers) >= self.max_running:
             self.release(next(iter(self._servers)))
         server = factory()
@@ -245,6 +252,9 @@ class ServerPool:
         while self._servers:
             _, server = self._servers.popitem()
             server.stop()
+
+    def has(self, key: str) -> bool:
+        return key in self._servers
 
     def running(self) -> list[VllmServer]:
         return list(self._servers.values())

@@ -10,7 +10,8 @@ from typing import Callable
 
 from . import environment, machine
 from .backends import Backend, BackendRegistry, LaunchContext, server_command
-from .records import RunWriter
+from .records import RunWriter, write_cells_csv
+from .report import render
 from .server import Endpoint, ServerPool, VllmServer, free_port
 from .settings import Settings
 from .stats import cell_table
@@ -70,12 +71,14 @@ class KVSession:
             return VllmServer(backend.name, argv, env, port, self.run_dir / "logs" / f"{backend.name}.log",
                               self.settings.model.name)
 
+        started = not self.pool.has(backend.name)
         try:
             server = self.pool.get(backend.name, factory, self.settings.server_timeout, self.progress)
         except Exception as exc:
             self.writer.set_backend(backend.name, "failed", str(exc).splitlines()[0])
             raise
-        self.writer.set_backend(backend.name, "running", argv=server.argv, log=str(server.log_path))
+        if started:
+            self.writer.set_backend(backend.name, "running", argv=server.argv, log=str(server.log_path))
         return server
 
     def hook_measurement(self, record: dict) -> None:
@@ -85,6 +88,12 @@ class KVSession:
     def record(self, measurement: dict) -> None:
         self.writer.add_measurement(measurement)
 
+    def add_benchmark(self, name: str, text: str, data: dict) -> None:
+        """A benchmark's figures: printed in the terminal summary and kept in run.json."""
+        benchmarks = self.writer.data.setdefault("benchmarks", {})
+        benchmarks[name] = {"text": text, **data}
+        self.writer.flush()
+
     def finish(self, interrupted: bool) -> None:
         self.pool.stop_all()
         if self._writer is None:
@@ -93,5 +102,8 @@ class KVSession:
             if entry.get("status") == "running":
                 entry["status"] = "measured"
         status = "partial" if interrupted else "complete"
-        self._writer.finish(status, cell_table(self._writer.data["measurements"]))
+        cells = cell_table(self._writer.data["measurements"])
+        self._writer.finish(status, cells)
+        write_cells_csv(self._writer.run_dir / "cells.csv", cells)
+        (self._writer.run_dir / "summary.txt").write_text(render(self._writer.data) + "\n")
         shutil.rmtree(self._writer.run_dir / "scratch", ignore_errors=True)

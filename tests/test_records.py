@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from pytest_kvoffload.records import RecordError, RunWriter, read_run
+from pytest_kvoffload.records import RecordError, RunWriter, read_run, write_cells_csv
 from pytest_kvoffload.report import render
 from pytest_kvoffload.stats import cell_table, summarize
 
@@ -62,3 +62,11 @@ def test_report_shows_cells_and_skipped_backends(tmp_path):
     text = render(read_run(tmp_path))
     assert "native-cpu: skipped (native-cpu needs an NVIDIA GPU)" in text
     assert "4.00x" in text and "device 896" in text and "400" in text
+
+
+def test_cells_csv(tmp_path):
+    cells = cell_table([measurement("cold", 0.2), measurement("engine-hit", 0.05, 1.0, {"device": 896})])
+    write_cells_csv(tmp_path / "cells.csv", cells)
+    lines = (tmp_path / "cells.csv").read_text().splitlines()
+    assert lines[0].startswith("backend,length,fraction,state,n,ttft_p50_s")
+    assert "device=896" in lines[2] and len(lines) == 3

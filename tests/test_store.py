@@ -117,7 +117,26 @@ def test_chunk_larger_than_capacity_is_declined(tmp_path):
     assert counters.drain()["writes_declined"] == 1
 
 
-def test_full_disk_declines_the_write_and_leaves_no_temporary(tmp_path, monkeypatch):
+@pytest.mark.parametrize("code,counter", [(errno.ENOSPC, "write_errors_full"),
+                                          (errno.EROFS, "write_errors_read_only"),
+                                          (errno.EACCES, "write_errors_read_only")])
+def test_failed_write_is_declined_and_leaves_no_temporary(tmp_path, monkeypatch, code, counter):
+    # Root ignores permission bits, so a read-only store is simulated at the system call.
+    counters = Counters()
+    store = make_store(tmp_path, counters=counters)
+
+    def refuse(path, flags, mode=0o777):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "open", refuse)
+    assert not store.write(KEY, filled(store))
+    monkeypatch.undo()
+    c = counters.drain()
+    assert c["writes_declined"] == 1 and c[counter] == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_full_disk_mid_write_removes_the_temporary(tmp_path, monkeypatch):
     counters = Counters()
     store = make_store(tmp_path, counters=counters)
 
@@ -127,8 +146,7 @@ def test_full_disk_declines_the_write_and_leaves_no_temporary(tmp_path, monkeypa
     monkeypatch.setattr(os, "write", full)
     assert not store.write(KEY, filled(store))
     monkeypatch.undo()
-    c = counters.drain()
-    assert c["writes_declined"] == 1 and c["write_errors_full"] == 1
+    assert counters.drain()["write_errors_full"] == 1
     assert list(tmp_path.iterdir()) == []
 
 

@@ -35,6 +35,9 @@ def test_failed_test_then_ctrl_c_leaves_no_server_process(pytester):
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--kv-lengths=256", "test_inner.py"],
         cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
+        # A shell that runs a job in the background (CI often does) leaves SIGINT ignored, and an ignored
+        # signal stays ignored across exec; restore it so the inner pytest sees Ctrl-C as a user would.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 600

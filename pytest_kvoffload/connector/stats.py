@@ -18,6 +18,8 @@ COUNTERS = {
     "useful_bytes_written": "KV payload bytes written",
     "load_seconds": "seconds spent reading chunks",
     "save_seconds": "seconds spent writing chunks",
+    "load_wall_seconds": "wall seconds from a request's load start to its last chunk (delivered read bandwidth)",
+    "save_wall_seconds": "wall seconds from a request's first save to its last (delivered write bandwidth)",
     "chunks_read": "chunks read",
     "chunks_written": "chunks written",
     "chunks_evicted": "chunks evicted to stay under the capacity",

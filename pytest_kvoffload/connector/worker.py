@@ -10,6 +10,8 @@ side stream.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import numpy as np
 import torch
 
 from .config import ConnectorConfig
-from .metadata import KVOffloadMetadata, LoadJob, SaveJob
+from .metadata import KVOffloadMetadata, SaveJob
 from .stats import Counters
 from .store import HEADER_SIZE, ChunkStore, Layout
 
@@ -34,8 +36,11 @@ class WorkerSide:
         self.layers: list[torch.Tensor] = []
         self.store: ChunkStore | None = None
         self.pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvoffload-io")
-        self._loads: dict[str, tuple[LoadJob, Future]] = {}
+        self._loads: dict[str, tuple[LoadJob, list[Future], float]] = {}
         self._saves: dict[str, list[Future]] = {}
+        self._save_started: dict[str, float] = {}
+        # One chunk buffer per I/O thread, reused: a fresh 4 KiB-aligned buffer per chunk costs page faults.
+        self._local = threading.local()
         self._finished: set[str] = set()
         self._failed_blocks: set[int] = set()
         self._cuda = False
@@ -65,7 +70,9 @@ class WorkerSide:
     # -- per-step entry points -----------------------------------------------------------------------
     def start_load_kv(self, meta: KVOffloadMetadata) -> None:
         for job in meta.loads:
-            self._loads[job.req_id] = (job, self.pool.submit(self._load, job))
+            # Chunks are read in parallel; the request is released when all are in.
+            futures = [self.pool.submit(self._load_chunk, chunk) for chunk in job.chunks]
+            self._loads[job.req_id] = (job, futures, time.perf_counter())
 
     def wait_for_save(self, meta: KVOffloadMetadata) -> None:
         if not meta.saves:
@@ -76,30 +83,42 @@ class WorkerSide:
             ready = torch.cuda.Event()
             ready.record()
         for job in meta.saves:
+            self._save_started.setdefault(job.req_id, time.perf_counter())
             self._saves.setdefault(job.req_id, []).append(self.pool.submit(self._save, job, ready))
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         received = set()
-        for req_id, (job, future) in list(self._loads.items()):
-            if not future.done():
+        for req_id, (job, futures, started) in list(self._loads.items()):
+            if not all(f.done() for f in futures):
                 continue
             del self._loads[req_id]
-            error = future.exception()
-            if error is not None:
-                log.warning("kvoffload: load for %s failed, recomputing: %r", req_id, error)
-                self._failed_blocks.update(b for chunk in job.chunks for _, b in chunk.blocks)
-            else:
-                self._failed_blocks.update(future.result())
+            ended = started
+            for chunk, future in zip(job.chunks, futures):
+                error = future.exception()
+                if error is not None:
+                    log.warning("kvoffload: load for %s failed, recomputing: %r", req_id, error)
+                    self._failed_blocks.update(b for _, b in chunk.blocks)
+                    continue
+                ok, finished_at = future.result()
+                ended = max(ended, finished_at)
+                if not ok:
+                    self._failed_blocks.update(b for _, b in chunk.blocks)
+            self.counters.add("load_wall_seconds", ended - started)
             received.add(req_id)
         self._finished.update(r for r in finished_req_ids if r in self._saves)
         sent = set()
         for req_id in list(self._finished):
-            if all(f.done() for f in self._saves[req_id]):
-                for f in self._saves.pop(req_id):
-                    if f.exception() is not None:
-                        log.warning("kvoffload: save for %s failed: %s", req_id, f.exception())
-                self._finished.discard(req_id)
-                sent.add(req_id)
+            if not all(f.done() for f in self._saves[req_id]):
+                continue
+            ended = started = self._save_started.pop(req_id)
+            for f in self._saves.pop(req_id):
+                if f.exception() is not None:
+                    log.warning("kvoffload: save for %s failed: %r", req_id, f.exception())
+                else:
+                    ended = max(ended, f.result()[1])
+            self.counters.add("save_wall_seconds", ended - started)
+            self._finished.discard(req_id)
+            sent.add(req_id)
         return sent or None, received or None
 
     def block_ids_with_load_errors(self) -> set[int]:
@@ -114,20 +133,19 @@ class WorkerSide:
         payload = torch.from_numpy(self.store.payload_view(buffer))
         return payload.view(self.dtype).view(self.layout.layers, self.layout.blocks, *self.block_shape)
 
-    def _load(self, job: LoadJob) -> list[int]:
-        """Read each chunk and scatter its blocks into the cache; returns block ids that failed."""
-        failed: list[int] = []
-        buffer = self.store.new_buffer()
-        for chunk in job.chunks:
-            ids = [block_id for _, block_id in chunk.blocks]
-            if failed or not self.store.read(chunk.key, buffer):
-                # A prefix is only usable up to its first hole; everything after it is recomputed.
-                failed.extend(ids)
-                continue
-            src = self._views(buffer)
-            index = [i for i, _ in chunk.blocks]
-            self._scatter(src, index, ids)
-        return failed
+    def _buffer(self):
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None:
+            buffer = self._local.buffer = self.store.new_buffer()
+        return buffer
+
+    def _load_chunk(self, chunk) -> tuple[bool, float]:
+        """Read one chunk and scatter its blocks into the cache; (ok, when it finished)."""
+        buffer = self._buffer()
+        if not self.store.read(chunk.key, buffer):
+            return False, time.perf_counter()
+        self._scatter(self._views(buffer), [i for i, _ in chunk.blocks], [b for _, b in chunk.blocks])
+        return True, time.perf_counter()
 
     def _scatter(self, src: torch.Tensor, index: list[int], ids: list[int]) -> None:
         if self._cuda:
@@ -142,8 +160,8 @@ class WorkerSide:
         for layer, blocks in zip(self.layers, src[:, index]):
             layer.index_copy_(0, dst_ids, blocks)
 
-    def _save(self, job: SaveJob, ready) -> bool:
-        buffer = self.store.new_buffer()
+    def _save(self, job: SaveJob, ready) -> tuple[bool, float]:
+        buffer = self._buffer()
         dst = self._views(buffer)
         if self._cuda:
             ids = torch.tensor(job.block_ids, device=self.layers[0].device)
@@ -158,7 +176,7 @@ class WorkerSide:
             ids = torch.tensor(job.block_ids)
             for i, layer in enumerate(self.layers):
                 torch.index_select(layer, 0, ids, out=dst[i])
-        return self.store.write(job.key, buffer, index=job.index)
+        return self.store.write(job.key, buffer, index=job.index), time.perf_counter()
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=False)

@@ -1,0 +1,103 @@
+"""The disk tier against the raw drive, side by side in one run on the same drive.
+
+Prints figures (no timed asserts): the connector's delivered read and write bandwidth as a share of
+the drive's O_DIRECT probe at the connector's chunk size, bytes moved per useful KV byte, and disk-hit
+TTFT against device-hit and cold TTFT at each length. Correctness is still asserted: every hit must
+come from the source it is meant to come from.
+"""
+
+import time
+
+import pytest
+from tabulate import tabulate
+
+from pytest_kvoffload.client import measure
+from pytest_kvoffload.connector.store import HEADER_SIZE
+from pytest_kvoffload.probe import probe_disk
+from pytest_kvoffload.prompts import expected_cached, make_prompt
+from pytest_kvoffload.stats import summarize
+
+pytestmark = pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
+
+TOTALS = ("bytes_read", "useful_bytes_read", "bytes_written", "useful_bytes_written", "load_wall_seconds",
+          "save_wall_seconds", "chunks_read", "chunks_written")
+
+
+def totals(endpoint) -> dict:
+    extra = endpoint.metrics().extra
+    return {name: extra.get(f"kvoffload:{name}_total", 0.0) for name in TOTALS}
+
+
+def settled_totals(endpoint, quiet_s: float = 1.0, deadline_s: float = 30.0) -> dict:
+    """Totals once they stop moving: counters reach /metrics with the engine's next stats update."""
+    end = time.monotonic() + deadline_s
+    last = totals(endpoint)
+    while time.monotonic() < end:
+        time.sleep(quiet_s)
+        now = totals(endpoint)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_settings):
+    if kv_backend.name not in kv_settings.backends:
+        pytest.skip(f"{kv_backend.name} is not among --kv-backend")
+    granularity = kv_backend.granularity(kv_settings)
+    chunk_file = HEADER_SIZE + granularity * kv_settings.model.kv_bytes_per_token()
+    store = kv_session.context(kv_backend).scratch / "kv-store"
+    probe = probe_disk(store, request_bytes=chunk_file, total_bytes=max(64 << 20, 32 * chunk_file))
+
+    kv_server.reset_prefix_cache(external=True)
+    start = settled_totals(kv_server)
+    rows, ttft = [], {}
+    for length in kv_settings.lengths:
+        times = {"cold": [], "device": [], "disk": []}
+        for r in range(kv_settings.rounds):
+            tokens = make_prompt(length, 1.0, salt=f"{kv_session.salt}|disk-speed|{r}",
+                                 vocab_size=kv_settings.model.vocab_size).tokens
+            cold = measure(kv_server, tokens)
+            device = measure(kv_server, tokens)
+            kv_server.reset_prefix_cache(external=False)
+            disk = measure(kv_server, tokens)
+            kv_server.reset_prefix_cache(external=False)
+            want = expected_cached(length, length, kv_settings.block_size, granularity)
+            assert sum(cold.cached_by_source.values()) == 0, cold.cached_by_source
+            assert device.cached_by_source == {"device": expected_cached(length, length, kv_settings.block_size)}
+            assert disk.cached_by_source == {"disk": want}, disk.cached_by_source
+            for name, result in (("cold", cold), ("device", device), ("disk", disk)):
+                times[name].append(result.client_ttft_s)
+        p50 = {name: summarize(v)["p50"] for name, v in times.items()}
+        ttft[length] = p50
+        rows.append([length, f"{p50['cold'] * 1e3:,.0f}", f"{p50['device'] * 1e3:,.0f}", f"{p50['disk'] * 1e3:,.0f}",
+                     f"{p50['disk'] / p50['device']:.2f}", f"{p50['cold'] / p50['disk']:.2f}"])
+    end = settled_totals(kv_server)
+    d = {k: end[k] - start[k] for k in TOTALS}
+
+    read_gbps = d["bytes_read"] / d["load_wall_seconds"] / 1e9 if d["load_wall_seconds"] else 0.0
+    write_gbps = d["bytes_written"] / d["save_wall_seconds"] / 1e9 if d["save_wall_seconds"] else 0.0
+    figures = {
+        "probe": probe.to_dict(),
+        "delivered_read_gbps": read_gbps,
+        "delivered_write_gbps": write_gbps,
+        "read_vs_probe": read_gbps / probe.read_gbps if probe.read_gbps else None,
+        "write_vs_probe": write_gbps / probe.write_gbps if probe.write_gbps else None,
+        "read_amplification": d["bytes_read"] / d["useful_bytes_read"] if d["useful_bytes_read"] else None,
+        "write_amplification": d["bytes_written"] / d["useful_bytes_written"] if d["useful_bytes_written"] else None,
+        "ttft_p50_s": {str(k): v for k, v in ttft.items()},
+        "counters": d,
+    }
+    summary = tabulate([
+        ["read", f"{read_gbps:.2f}", f"{probe.read_gbps:.2f}", f"{figures['read_vs_probe'] or 0:.2f}",
+         f"{figures['read_amplification'] or 0:.3f}"],
+        ["write", f"{write_gbps:.2f}", f"{probe.write_gbps:.2f}", f"{figures['write_vs_probe'] or 0:.2f}",
+         f"{figures['write_amplification'] or 0:.3f}"],
+    ], headers=["", "connector GB/s", "probe GB/s", "share of probe", "bytes per useful byte"], disable_numparse=True)
+    table = tabulate(rows, headers=["length", "cold ms", "device-hit ms", "disk-hit ms", "disk/device", "cold/disk"],
+                     disable_numparse=True)
+    mode = "O_DIRECT" if probe.direct_io else "buffered"
+    text = (f"drive under {store} ({mode}, {chunk_file / 2**20:.2f} MiB requests)\n{summary}\n\n"
+            f"TTFT p50 over {kv_settings.rounds} rounds, fully cached prompts\n{table}")
+    kv_session.add_benchmark("kvoffload-disk speed", text, figures)
+    assert d["useful_bytes_read"] > 0 and d["useful_bytes_written"] > 0
