@@ -11,6 +11,7 @@ from typing import Callable
 from . import environment, machine
 from .backends import Backend, BackendRegistry, LaunchContext, server_command
 from .records import RunWriter, write_cells_csv
+from .plots import ttft_by_length
 from .report import render
 from .server import Endpoint, ServerPool, VllmServer, free_port
 from .settings import Settings
@@ -106,4 +107,8 @@ class KVSession:
         self._writer.finish(status, cells)
         write_cells_csv(self._writer.run_dir / "cells.csv", cells)
         (self._writer.run_dir / "summary.txt").write_text(render(self._writer.data) + "\n")
+        try:
+            ttft_by_length(self._writer.data, self._writer.run_dir / "ttft_by_length.png")
+        except Exception as exc:  # a plot must never cost the run its record
+            self.progress(f"plot skipped: {exc}")
         shutil.rmtree(self._writer.run_dir / "scratch", ignore_errors=True)

@@ -1,0 +1,29 @@
+import pytest
+
+from pytest_kvoffload.plots import ttft_by_length
+from pytest_kvoffload.stats import cell_table
+
+matplotlib = pytest.importorskip("matplotlib")
+
+
+def record(backend, state, length, ttft, fraction=1.0):
+    return {"backend": backend, "length": length, "fraction": 0.0 if state == "cold" else fraction, "state": state,
+            "purpose": "measure", "prompt_tokens": length, "client_ttft_s": ttft, "cached_by_source": {}}
+
+
+def test_ttft_plot_is_a_png_with_one_line_per_backend_and_state(tmp_path, monkeypatch):
+    ms = [record(b, s, n, t * n / 1000) for b in ("gpu-only", "kvoffload-disk") for n in (512, 1024, 2048)
+          for s, t in (("cold", 1.0), ("engine-hit", 0.2))]
+    ms += [record("kvoffload-disk", "tier-hit", n, 0.3 * n / 1000) for n in (512, 1024, 2048)]
+    run = {"cells": cell_table(ms), "options": {"model": {"name": "tiny-llama"}}}
+    lines = []
+    import matplotlib.axes
+    original = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, *a, **k: lines.append(k["label"]) or original(self, *a, **k))
+    path = ttft_by_length(run, tmp_path / "ttft.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(lines) == 5 and "kvoffload-disk: tier hit" in lines
+
+
+def test_no_cells_no_plot(tmp_path):
+    assert ttft_by_length({"cells": []}, tmp_path / "x.png") is None
