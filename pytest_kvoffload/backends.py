@@ -123,9 +123,16 @@ def _kvoffload_chunk_tokens(settings: Settings) -> int:
     return int(configured) if configured else default_chunk_tokens(settings.block_size)
 
 
+def kvoffload_store_dir(ctx: LaunchContext) -> Path:
+    """The connector's store: --kv-disk-opt store_dir=... (the drive under test), else the run's scratch."""
+    configured = ctx.settings.extra.get("kvoffload_disk", {}).get("store_dir")
+    return Path(configured) if configured else ctx.scratch / "kv-store"
+
+
 def _kvoffload_disk(ctx: LaunchContext) -> ServerSpec:
-    extra = {"store_dir": str(ctx.scratch / "kv-store"), "chunk_tokens": _kvoffload_chunk_tokens(ctx.settings)}
+    extra = {"chunk_tokens": _kvoffload_chunk_tokens(ctx.settings)}
     extra.update(ctx.settings.extra.get("kvoffload_disk", {}))
+    extra["store_dir"] = str(kvoffload_store_dir(ctx))
     config = {
         "kv_connector": "KVOffloadDiskConnector",
         "kv_connector_module_path": "pytest_kvoffload.connector",

@@ -15,7 +15,7 @@ from .records import RecordError, read_run
 from .report import render
 from .session import KVSession
 from .settings import (OptionError, Settings, check_fits_model, parse_backends, parse_fractions, parse_lengths,
-                       parse_model, parse_positive_int, parse_server_args, parse_server_url)
+                       parse_disk_opts, parse_model, parse_positive_int, parse_server_args, parse_server_url)
 
 # (option, ini name, help); defaults come from the machine (see machine.py) or below.
 OPTIONS = [
@@ -43,6 +43,9 @@ def pytest_addoption(parser):
     group.addoption("--kv-server-arg", dest="kv_server_args", action="append", default=[],
                     help="extra vLLM server arguments, split like a shell (repeatable)")
     parser.addini("kv_server_args", type="args", help="extra vLLM server arguments", default=[])
+    group.addoption("--kv-disk-opt", dest="kv_disk_opts", action="append", default=[],
+                    help="kvoffload-disk connector option KEY=VALUE (repeatable), e.g. store_dir=/nvme/kv, read_gbps=6")
+    parser.addini("kv_disk_opts", type="args", help="kvoffload-disk connector options KEY=VALUE", default=[])
 
 
 def _value(config, name: str, fallback):
@@ -79,6 +82,8 @@ def build_settings(config, registry) -> Settings:
         server_url=parse_server_url(_value(config, "kv_server_url", None)),
         server_args=parse_server_args(list(config.getini("kv_server_args")) + list(config.getoption("kv_server_args"))),
         server_timeout=timeout,
+        extra={"kvoffload_disk": parse_disk_opts(list(config.getini("kv_disk_opts")) + list(config.getoption("kv_disk_opts")),
+                                                 block_size)},
     )
 
 
@@ -109,7 +114,7 @@ def pytest_configure(config):
             reporter.write_line(f"[kvoffload] {message}")
 
     options = {name: str(value) if isinstance(value, Path) else value
-               for name, value in vars(settings).items() if name not in ("model", "extra")}
+               for name, value in vars(settings).items() if name != "model"}
     options["model"] = {"name": settings.model.name, "path": str(settings.model.path),
                         "kv_bytes_per_token": settings.model.kv_bytes_per_token()}
     config.stash[SESSION_KEY] = KVSession(settings, registry, options, progress, hook=config.hook)

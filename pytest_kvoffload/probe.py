@@ -7,6 +7,7 @@ bandwidth is compared against (connector / probe, side by side in one run).
 from __future__ import annotations
 
 import os
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,7 +30,10 @@ class ProbeResult:
 
 def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: int = 256 << 20,
                repeats: int = 3) -> ProbeResult:
-    """Best of `repeats` sequential write and read passes over a temporary file in `folder`."""
+    """Median of `repeats` sequential write and read passes over a temporary file in `folder`.
+
+    The median, not the best: on virtual disks a repeat can be served by the host's cache.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise NotADirectoryError(f"probe disk: {folder} is not a folder; pass the folder on the drive to measure")
@@ -39,7 +43,8 @@ def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: in
     buffer[:] = 0xA5
     path = folder / f".kvoffload-probe-{os.getpid()}"
     direct = hasattr(os, "O_DIRECT")
-    best_w = best_r = 0.0
+    writes: list[float] = []
+    reads: list[float] = []
     try:
         for _ in range(repeats):
             flags = os.O_CREAT | os.O_WRONLY | os.O_TRUNC
@@ -55,7 +60,7 @@ def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: in
                 os.fdatasync(fd)
             finally:
                 os.close(fd)
-            best_w = max(best_w, count * request_bytes / (time.perf_counter() - started) / 1e9)
+            writes.append(count * request_bytes / (time.perf_counter() - started) / 1e9)
             fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
             if not direct:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -66,10 +71,11 @@ def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: in
                     os.preadv(fd, [view], i * request_bytes)
             finally:
                 os.close(fd)
-            best_r = max(best_r, count * request_bytes / (time.perf_counter() - started) / 1e9)
+            reads.append(count * request_bytes / (time.perf_counter() - started) / 1e9)
     finally:
         try:
             path.unlink()
         except OSError:
             pass
-    return ProbeResult(str(folder), request_bytes, count * request_bytes, direct, best_w, best_r)
+    return ProbeResult(str(folder), request_bytes, count * request_bytes, direct, statistics.median(writes),
+                       statistics.median(reads))

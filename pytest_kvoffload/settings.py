@@ -122,3 +122,25 @@ def check_fits_model(lengths: tuple[int, ...], model: ModelInfo) -> None:
             f"--kv-lengths: {', '.join(map(str, too_long))} not below the model's context of "
             f"{model.max_model_len} tokens ({model.name})"
         )
+
+
+def parse_disk_opts(values: list[str], block_size: int) -> dict:
+    """KEY=VALUE pairs for the kvoffload-disk connector, checked as the connector will check them."""
+    import json
+
+    from .connector.config import ConnectorConfig, ConnectorConfigError
+
+    options: dict = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise OptionError(f"--kv-disk-opt {item!r}: expected KEY=VALUE, e.g. store_dir=/nvme/kv or read_gbps=6")
+        try:
+            options[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            options[key.strip()] = raw
+    try:
+        ConnectorConfig.from_extra({"store_dir": "/check", **options}, block_size)
+    except ConnectorConfigError as exc:
+        raise OptionError(f"--kv-disk-opt: {str(exc).removeprefix('kvoffload connector: ')}") from None
+    return options

@@ -11,6 +11,7 @@ import time
 import pytest
 from tabulate import tabulate
 
+from pytest_kvoffload.backends import kvoffload_store_dir
 from pytest_kvoffload.client import measure
 from pytest_kvoffload.connector.store import HEADER_SIZE
 from pytest_kvoffload.probe import probe_disk
@@ -20,7 +21,7 @@ from pytest_kvoffload.stats import summarize
 pytestmark = pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
 
 TOTALS = ("bytes_read", "useful_bytes_read", "bytes_written", "useful_bytes_written", "load_wall_seconds",
-          "save_wall_seconds", "chunks_read", "chunks_written")
+          "save_wall_seconds", "load_seconds", "save_seconds", "chunks_read", "chunks_written")
 
 
 def totals(endpoint) -> dict:
@@ -46,7 +47,8 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
         pytest.skip(f"{kv_backend.name} is not among --kv-backend")
     granularity = kv_backend.granularity(kv_settings)
     chunk_file = HEADER_SIZE + granularity * kv_settings.model.kv_bytes_per_token()
-    store = kv_session.context(kv_backend).scratch / "kv-store"
+    store = kvoffload_store_dir(kv_session.context(kv_backend))
+    store.mkdir(parents=True, exist_ok=True)
     probe = probe_disk(store, request_bytes=chunk_file, total_bytes=max(64 << 20, 32 * chunk_file))
 
     kv_server.reset_prefix_cache(external=True)

@@ -43,6 +43,12 @@ def test_kvoffload_disk_loads_our_connector_by_module_path(tmp_path):
     assert config["kv_connector_extra_config"] == {"store_dir": str(tmp_path / "kv-store"), "chunk_tokens": 256}
 
 
+def test_kvoffload_disk_options_pass_through(tmp_path):
+    argv, _ = command("kvoffload-disk", tmp_path, extra={"kvoffload_disk": {"store_dir": "/nvme/kv", "read_gbps": 6}})
+    extra = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert extra == {"store_dir": "/nvme/kv", "read_gbps": 6, "chunk_tokens": 256}
+
+
 def test_native_cpu_uses_vllm_offloading_flags(tmp_path):
     argv, _ = command("native-cpu", tmp_path, extra={"cpu_offload_gib": 32})
     assert argv[argv.index("--kv-offloading-size") + 1] == "32"

@@ -6,6 +6,7 @@ import pytest
 
 import time
 
+from pytest_kvoffload.backends import kvoffload_store_dir
 from pytest_kvoffload.client import measure
 from pytest_kvoffload.connector.store import read_header
 from pytest_kvoffload.prompts import expected_cached, make_prompt
@@ -18,7 +19,7 @@ BLOCK, CHUNK, OUT = 128, 256, 8
 
 @pytest.fixture
 def store(kv_session, kv_backend, kv_server):
-    return kv_session.context(kv_backend).scratch / "kv-store" / "rank0"
+    return kvoffload_store_dir(kv_session.context(kv_backend)) / "rank0"
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 import pytest
 
 from pytest_kvoffload.settings import (OptionError, check_fits_model, parse_backends, parse_fractions, parse_lengths,
-                                       parse_model, parse_positive_int, parse_server_args, parse_server_url)
+                                       parse_disk_opts, parse_model, parse_positive_int, parse_server_args, parse_server_url)
 
 KNOWN = ["gpu-only", "native-cpu", "lmcache-disk", "kvoffload-disk"]
 
@@ -84,3 +84,14 @@ def test_length_beyond_model_context():
     model = parse_model("tiny-llama")
     with pytest.raises(OptionError, match="not below the model's context of 16384"):
         check_fits_model((1024, 20000), model)
+
+
+def test_disk_options_are_typed_and_checked():
+    assert parse_disk_opts(["read_gbps=6", "store_dir=/nvme/kv", "load_mode=sync"], 128) == {
+        "read_gbps": 6, "store_dir": "/nvme/kv", "load_mode": "sync"}
+    with pytest.raises(OptionError, match="--kv-disk-opt 'read_gbps': expected KEY=VALUE"):
+        parse_disk_opts(["read_gbps"], 128)
+    with pytest.raises(OptionError, match="--kv-disk-opt: unknown option"):
+        parse_disk_opts(["speed=1"], 128)
+    with pytest.raises(OptionError, match="--kv-disk-opt: chunk_tokens 100 must be a positive multiple"):
+        parse_disk_opts(["chunk_tokens=100"], 128)

@@ -26,11 +26,15 @@ class ConnectorConfig:
     direct_io: bool = True  # O_DIRECT where the file system allows it; buffered + page drop otherwise
     read_bytes_per_s: float | None = None  # emulate a slower drive
     calibration: Path | None = None
+    # async: the request waits in the scheduler while I/O threads read (hides loads behind queueing);
+    # sync: the step that computes the request loads first (no extra scheduler round trips).
+    load_mode: str = "async"
 
     @classmethod
     def from_extra(cls, extra: dict, block_size: int) -> "ConnectorConfig":
-        """Keys: store_dir, capacity_gb, chunk_tokens, io_threads, direct_io, read_gbps, calibration."""
-        known = {"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps", "calibration"}
+        """Keys: store_dir, capacity_gb, chunk_tokens, io_threads, direct_io, read_gbps, calibration, load_mode."""
+        known = {"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps", "calibration",
+                 "load_mode"}
         unknown = set(extra) - known
         if unknown:
             raise ConnectorConfigError(
@@ -52,6 +56,9 @@ class ConnectorConfig:
         read_gbps = extra.get("read_gbps")
         if read_gbps is not None and float(read_gbps) <= 0:
             raise ConnectorConfigError(f"kvoffload connector: read_gbps {read_gbps} must be above 0")
+        load_mode = str(extra.get("load_mode", "async"))
+        if load_mode not in ("async", "sync"):
+            raise ConnectorConfigError(f"kvoffload connector: load_mode {load_mode!r} must be 'async' or 'sync'")
         direct = extra.get("direct_io", True)
         if isinstance(direct, str):
             direct = direct.lower() not in ("0", "false", "no", "off")
@@ -63,4 +70,5 @@ class ConnectorConfig:
             direct_io=bool(direct),
             read_bytes_per_s=float(read_gbps) * 1e9 if read_gbps is not None else None,
             calibration=Path(extra["calibration"]) if extra.get("calibration") else None,
+            load_mode=load_mode,
         )

@@ -19,6 +19,7 @@ class ChunkBlocks:
 class LoadJob:
     req_id: str
     chunks: list[ChunkBlocks]
+    sync: bool = False  # load before this step's forward instead of while the request waits
 
 
 @dataclass

@@ -75,7 +75,7 @@ class SchedulerSide:
         if self.admit is not None and not self.admit(matched - num_computed_tokens, len(prompt), num_computed_tokens):
             return 0, False
         self._lookups[request.request_id] = num_computed_tokens
-        return matched - num_computed_tokens, True
+        return matched - num_computed_tokens, self.config.load_mode == "async"
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
@@ -90,7 +90,7 @@ class SchedulerSide:
         for b in range(start // self.block_size, (start + num_external_tokens) // self.block_size):
             c = b // per_chunk
             chunks.setdefault(c, ChunkBlocks(keys[c], [])).blocks.append((b % per_chunk, block_ids[b]))
-        self._loads.append(LoadJob(req_id, [chunks[c] for c in sorted(chunks)]))
+        self._loads.append(LoadJob(req_id, [chunks[c] for c in sorted(chunks)], sync=self.config.load_mode == "sync"))
 
     def build_connector_meta(self, scheduler_output) -> KVOffloadMetadata:
         meta = KVOffloadMetadata(loads=self._loads)

@@ -19,7 +19,7 @@ COUNTERS = {
     "load_seconds": "seconds spent reading chunks",
     "save_seconds": "seconds spent writing chunks",
     "load_wall_seconds": "wall seconds from a request's load start to its last chunk (delivered read bandwidth)",
-    "save_wall_seconds": "wall seconds from a request's first save to its last (delivered write bandwidth)",
+    "save_wall_seconds": "wall seconds from each step's save submission to its last write (delivered write bandwidth)",
     "chunks_read": "chunks read",
     "chunks_written": "chunks written",
     "chunks_evicted": "chunks evicted to stay under the capacity",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +38,7 @@ class WorkerSide:
         self.pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvoffload-io")
         self._loads: dict[str, tuple[LoadJob, list[Future], float]] = {}
         self._saves: dict[str, list[Future]] = {}
-        self._save_started: dict[str, float] = {}
+        self._save_batches: list[tuple[float, list[Future]]] = []
         # One chunk buffer per I/O thread, reused: a fresh 4 KiB-aligned buffer per chunk costs page faults.
         self._local = threading.local()
         self._finished: set[str] = set()
@@ -69,10 +69,18 @@ class WorkerSide:
 
     # -- per-step entry points -----------------------------------------------------------------------
     def start_load_kv(self, meta: KVOffloadMetadata) -> None:
+        sync = []
         for job in meta.loads:
             # Chunks are read in parallel; the request is released when all are in.
             futures = [self.pool.submit(self._load_chunk, chunk) for chunk in job.chunks]
-            self._loads[job.req_id] = (job, futures, time.perf_counter())
+            if job.sync:
+                sync.append((job, futures, time.perf_counter()))
+            else:
+                self._loads[job.req_id] = (job, futures, time.perf_counter())
+        for job, futures, started in sync:
+            # This step's forward reads these blocks: wait, and report failures in this same step.
+            wait(futures)
+            self._collect(job, futures, started)
 
     def wait_for_save(self, meta: KVOffloadMetadata) -> None:
         if not meta.saves:
@@ -82,9 +90,13 @@ class WorkerSide:
             # The side stream must not read blocks before this step's forward has written them.
             ready = torch.cuda.Event()
             ready.record()
+        started, batch = time.perf_counter(), []
         for job in meta.saves:
-            self._save_started.setdefault(job.req_id, time.perf_counter())
-            self._saves.setdefault(job.req_id, []).append(self.pool.submit(self._save, job, ready))
+            future = self.pool.submit(self._save, job, ready)
+            self._saves.setdefault(job.req_id, []).append(future)
+            batch.append(future)
+        # Write bandwidth is timed per step's batch: a request's saves span its prefill steps.
+        self._save_batches.append((started, batch))
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         received = set()
@@ -92,34 +104,45 @@ class WorkerSide:
             if not all(f.done() for f in futures):
                 continue
             del self._loads[req_id]
-            ended = started
-            for chunk, future in zip(job.chunks, futures):
-                error = future.exception()
-                if error is not None:
-                    log.warning("kvoffload: load for %s failed, recomputing: %r", req_id, error)
-                    self._failed_blocks.update(b for _, b in chunk.blocks)
-                    continue
-                ok, finished_at = future.result()
-                ended = max(ended, finished_at)
-                if not ok:
-                    self._failed_blocks.update(b for _, b in chunk.blocks)
-            self.counters.add("load_wall_seconds", ended - started)
+            self._collect(job, futures, started)
             received.add(req_id)
         self._finished.update(r for r in finished_req_ids if r in self._saves)
         sent = set()
         for req_id in list(self._finished):
             if not all(f.done() for f in self._saves[req_id]):
                 continue
-            ended = started = self._save_started.pop(req_id)
             for f in self._saves.pop(req_id):
                 if f.exception() is not None:
                     log.warning("kvoffload: save for %s failed: %r", req_id, f.exception())
-                else:
-                    ended = max(ended, f.result()[1])
-            self.counters.add("save_wall_seconds", ended - started)
             self._finished.discard(req_id)
             sent.add(req_id)
+        self._time_save_batches()
         return sent or None, received or None
+
+    def _time_save_batches(self) -> None:
+        pending = []
+        for started, batch in self._save_batches:
+            if not all(f.done() for f in batch):
+                pending.append((started, batch))
+                continue
+            ends = [f.result()[1] for f in batch if f.exception() is None]
+            self.counters.add("save_wall_seconds", max(ends, default=started) - started)
+        self._save_batches = pending
+
+    def _collect(self, job, futures, started: float) -> None:
+        """Record a finished load: failed blocks for vLLM to recompute, and its wall time."""
+        ended = started
+        for chunk, future in zip(job.chunks, futures):
+            error = future.exception()
+            if error is not None:
+                log.warning("kvoffload: load for %s failed, recomputing: %r", job.req_id, error)
+                self._failed_blocks.update(b for _, b in chunk.blocks)
+                continue
+            ok, finished_at = future.result()
+            ended = max(ended, finished_at)
+            if not ok:
+                self._failed_blocks.update(b for _, b in chunk.blocks)
+        self.counters.add("load_wall_seconds", ended - started)
 
     def block_ids_with_load_errors(self) -> set[int]:
         failed, self._failed_blocks = self._failed_blocks, set()
