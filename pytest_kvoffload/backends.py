@@ -5,6 +5,7 @@ A backend only describes a server; starting it is server.py's job, measuring it 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -207,3 +208,25 @@ def default_registry() -> BackendRegistry:
     for backend in builtin_backends():
         registry.register(backend)
     return registry
+
+
+def with_connector_options(backend: Backend, suffix: str, **options) -> Backend:
+    """A variant of a connector backend with extra kv_connector_extra_config entries and its own store.
+
+    It gets its own name (`name[suffix]`), hence its own server in the session's pool.
+    """
+    def configure(ctx: LaunchContext) -> ServerSpec:
+        spec = backend.configure(ctx)
+        args = list(spec.args)
+        if "--kv-transfer-config" not in args:
+            raise ValueError(f"{backend.name} configures no KV connector to pass options to")
+        i = args.index("--kv-transfer-config") + 1
+        config = json.loads(args[i])
+        extra = config.setdefault("kv_connector_extra_config", {})
+        extra.update(options)
+        if "store_dir" in extra:
+            extra["store_dir"] = f"{extra['store_dir']}-{suffix}"
+        args[i] = json.dumps(config)
+        return dataclasses.replace(spec, args=args)
+
+    return dataclasses.replace(backend, name=f"{backend.name}[{suffix}]", configure=configure)

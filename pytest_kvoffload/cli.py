@@ -1,4 +1,4 @@
-"""`kvoffload`: estimate, probe and report as thin wrappers over the package's modules."""
+"""`kvoffload`: estimate, probe, report and compare as thin wrappers over the package's modules."""
 
 from __future__ import annotations
 
@@ -59,6 +59,36 @@ def _report(args) -> int:
     return 0
 
 
+def _compare(args) -> int:
+    from .compare import CompareError, check_comparable, compare, parse_percent, regressions
+    from .records import RecordError, read_run
+
+    try:
+        fail_above = parse_percent(args.fail_above)
+        base, new = read_run(args.base), read_run(args.new)
+        check_comparable(base, new, args.force)
+    except (RecordError, CompareError) as exc:
+        print(f"kvoffload compare: {exc}", file=sys.stderr)
+        return 2
+    changes, only_base, only_new = compare(base, new)
+    rows = [[*c.key[:2], f"{c.key[2]:g}", c.key[3], f"{c.base_s * 1e3:,.1f}", f"{c.new_s * 1e3:,.1f}",
+             f"{c.ratio:.3f}", f"±{c.tolerance * 100:.0f}%", c.verdict] for c in changes]
+    print(f"base {base.get('run_id')}  new {new.get('run_id')}")
+    print(tabulate(rows, headers=["backend", "length", "cached", "state", "base ms", "new ms", "new/base", "noise",
+                                  "verdict"], disable_numparse=True))
+    for label, keys in (("only in base", only_base), ("only in new", only_new)):
+        if keys:
+            print(f"{label}: " + ", ".join("/".join(str(k) for k in key) for key in keys))
+    bad = regressions(changes, fail_above)
+    if bad:
+        worst = max(bad, key=lambda c: c.ratio)
+        print(f"FAIL: {len(bad)} cell(s) slower beyond noise and beyond {fail_above:.0%}; worst "
+              f"{'/'.join(str(k) for k in worst.key)} {worst.ratio:.2f}x", file=sys.stderr)
+        return 1
+    print(f"ok: no cell slower beyond noise and {fail_above:.0%}")
+    return 0
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -92,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="the tables of a saved run")
     report.add_argument("run", help="a run folder under results/ or its run.json")
     report.set_defaults(handler=_report)
+
+    cmp = sub.add_parser("compare", help="two runs cell by cell; non-zero exit on a regression")
+    cmp.add_argument("base")
+    cmp.add_argument("new")
+    cmp.add_argument("--fail-above", default="10%", help="slowdown that fails the gate (default 10%%)")
+    cmp.add_argument("--force", action="store_true", help="compare runs of different models or schemas")
+    cmp.set_defaults(handler=_compare)
     return parser
 
 

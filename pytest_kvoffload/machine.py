@@ -38,13 +38,18 @@ def describe() -> dict:
 
 
 # Per-machine defaults: on a 2-core CPU the grid must finish in minutes, on a GPU it is the seed's grid.
-CPU_DEFAULTS = {"model": "tiny-llama", "lengths": "512,1024,2048,4096", "fractions": "0.5,1.0", "rounds": "3", "block_size": 128}
+# slow_drive_gbps: the drive the admission suite emulates, chosen so that the break-even prefix falls
+# inside the default lengths (tiny-llama on 2 cores needs about 20 to 40 MB/s; Llama 3.2 3B on an H100
+# about 3 to 23 GB/s).
+CPU_DEFAULTS = {"model": "tiny-llama", "lengths": "512,1024,2048,4096", "fractions": "0.5,1.0", "rounds": "3",
+                "block_size": 128, "slow_drive_gbps": 0.025}
 GPU_DEFAULTS = {
     "model": "llama-3.2-3b",
     "lengths": "1024,2048,4096,8192,16384,32768,65536",
     "fractions": "0.1,0.5,0.9",
     "rounds": "5",
     "block_size": 16,
+    "slow_drive_gbps": 4.0,
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .backends import Backend
-from .cells import Cell, State, expectation
+from .cells import Cell, Expectation, State, expectation
 from .client import RequestResult, attach_sources, measure, stream_completion
 from .metrics import Snapshot
 from .prompts import Prompt, make_prompt
@@ -71,6 +71,9 @@ class CellRunner:
         settings = self.session.settings
         expect = expectation(self.cell, len(self._prompt.prefix), settings.block_size, self.backend.tier,
                              self.backend.granularity(settings))
+        if result.connector.get("kvoffload:loads_declined_total"):
+            # The admission rule chose to recompute: nothing may come from the tier.
+            expect = Expectation(None, 0)
         problem = expect.check(result.cached_by_source)
         if problem:
             self.outcome.failures.append(f"round {self._round}: {problem}")

@@ -64,6 +64,7 @@ def render(run: dict) -> str:
         lines.append(f"{name}: TTFT p50 ±spread, cached tokens by source (mean per request)")
         lines.append(tabulate(tables[name], headers=HEADERS, tablefmt="simple", disable_numparse=True))
         lines.append("")
+    lines.extend(break_even_lines(run.get("analysis") or {}))
     for name, bench in (run.get("benchmarks") or {}).items():
         lines.append(f"{name}:")
         lines.append(bench.get("text", ""))
@@ -71,3 +72,29 @@ def render(run: dict) -> str:
     status = run.get("status")
     lines.append(f"run {run.get('run_id')}: {status}")
     return "\n".join(lines)
+
+
+def _gbps(value) -> str:
+    return "never pays" if value is None else f"{value:.3f}"
+
+
+def break_even_lines(analysis: dict) -> list[str]:
+    """Per tier: measured bandwidth and fixed cost, break-even prefix, break-even bandwidth by length."""
+    lines = []
+    for backend, entry in analysis.items():
+        tier = entry.get("tier")
+        if not tier:
+            continue
+        bw = tier["bandwidth_gbps"]
+        p_star = tier["break_even_prefix_tokens"]
+        lines.append(
+            f"{backend} break-even ({tier['source']} tier): measured {'>' if bw is None else ''}"
+            f"{'resolution' if bw is None else f'{bw:.3f} GB/s'} effective, fixed {tier['fixed_s'] * 1e3:.1f} ms; "
+            f"pays from a {'-' if p_star is None else f'{p_star:,.0f}'}-token prefix")
+        rows = [[length, _gbps(need), "yes" if (bw is None or (need is not None and bw >= need)) else "no",
+                 "-" if tier["frontier"].get(length) is None else f"{tier['frontier'][length]:.2f}"]
+                for length, need in tier["break_even_gbps"].items()]
+        lines.append(tabulate(rows, headers=["length", "break-even GB/s", "tier pays", "smallest paying fraction"],
+                              disable_numparse=True))
+        lines.append("")
+    return lines

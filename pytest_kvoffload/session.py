@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Callable
 
 from . import environment, machine
+from .analysis import analyse
 from .backends import Backend, BackendRegistry, LaunchContext, server_command
-from .records import RunWriter, write_cells_csv
+from .calibration import build_calibration, write_calibration
 from .plots import ttft_by_length
+from .records import RunWriter, write_cells_csv
 from .report import render
 from .server import Endpoint, ServerPool, VllmServer, free_port
 from .settings import Settings
@@ -104,7 +106,12 @@ class KVSession:
                 entry["status"] = "measured"
         status = "partial" if interrupted else "complete"
         cells = cell_table(self._writer.data["measurements"])
-        self._writer.finish(status, cells)
+        tiers = {name: self.registry.get(name).tier for name in self.registry.names() if self.registry.get(name).tier}
+        analysis = analyse(cells, self.settings.model.kv_bytes_per_token(), tiers)
+        self._writer.finish(status, cells, analysis)
+        calibration = build_calibration(analysis, self.settings, self._writer.data["environment"])
+        if calibration["tiers"]:
+            write_calibration(self._writer.run_dir / "calibration.json", calibration)
         write_cells_csv(self._writer.run_dir / "cells.csv", cells)
         (self._writer.run_dir / "summary.txt").write_text(render(self._writer.data) + "\n")
         try:

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload.backends import Backend, LaunchContext, default_registry, server_command
+from pytest_kvoffload.backends import (Backend, LaunchContext, default_registry, server_command,
+                                       with_connector_options)
 from pytest_kvoffload.models import load_model
 from pytest_kvoffload.settings import Settings
 
@@ -85,3 +86,14 @@ def test_cuda_backends_know_why_they_cannot_run(monkeypatch):
     assert "needs an NVIDIA GPU" in registry.get("native-cpu").unavailable_reason()
     monkeypatch.setattr(machine, "has_cuda", lambda: True)
     assert registry.get("native-cpu").unavailable_reason() is None
+
+
+def test_connector_variant_gets_its_own_name_store_and_options(tmp_path):
+    registry = default_registry()
+    slow = with_connector_options(registry.get("kvoffload-disk"), "slow", read_gbps=0.025)
+    assert slow.name == "kvoffload-disk[slow]" and slow.tier == "disk"
+    argv, _ = server_command(slow, LaunchContext(settings(), tmp_path), 8123)
+    extra = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert extra["read_gbps"] == 0.025 and extra["store_dir"] == str(tmp_path / "kv-store") + "-slow"
+    with pytest.raises(ValueError, match="configures no KV connector"):
+        server_command(with_connector_options(registry.get("gpu-only"), "x"), LaunchContext(settings(), tmp_path), 1)

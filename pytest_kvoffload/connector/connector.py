@@ -8,11 +8,14 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from ..calibration import check_fingerprint, read_calibration, tier_entry
+from .admission import Admission
 from .config import ConnectorConfig
 from .hashing import key_seed
 from .metadata import KVOffloadMetadata
 from .scheduler import SchedulerSide
 from .prom import KVOffloadPromMetrics, KVOffloadStats
+from .stats import Counters
 from .store import SUFFIX
 
 log = logging.getLogger("pytest_kvoffload.connector")
@@ -40,6 +43,23 @@ def fingerprint(vllm_config, chunk_tokens: int) -> str:
     return "|".join(parts)
 
 
+def server_fingerprint(vllm_config) -> dict:
+    """This server's values of the fields a calibration file must match."""
+    import torch
+    from vllm.platforms import current_platform
+
+    model = vllm_config.model_config
+    cache = vllm_config.cache_config
+    served = model.served_model_name
+    name = served[0] if isinstance(served, (list, tuple)) else served
+    dtype = model.dtype if cache.cache_dtype == "auto" else getattr(torch, str(cache.cache_dtype), model.dtype)
+    itemsize = torch.empty((), dtype=dtype).element_size() if isinstance(dtype, torch.dtype) else 2
+    kv_bytes = (model.get_num_layers(vllm_config.parallel_config) * 2 * model.get_total_num_kv_heads()
+                * model.get_head_size() * itemsize)
+    return {"model": name, "kv_bytes_per_token": kv_bytes, "block_size": cache.block_size,
+            "device": current_platform.device_type}
+
+
 class KVOffloadDiskConnector(KVConnectorBase_V1):
     _cache_hit_source = CacheHitSource.DISK
 
@@ -52,6 +72,7 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
         seed = key_seed(self.fingerprint)
         self._scheduler = None
         self._worker = None
+        self._scheduler_counters = Counters()
         if role == KVConnectorRole.SCHEDULER:
             # Tensor-parallel ranks keep separate files; rank 0's folder answers lookups for all.
             root = self.config.store_dir / "rank0"
@@ -60,13 +81,25 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
                 self.config, block_size, seed,
                 exists=lambda key: (root / f"{key}{SUFFIX}").is_file(),
                 clear=lambda: _clear_all(self.config.store_dir),
-                admit=None,
+                admit=self._admission(vllm_config),
             )
         else:
             from .worker import WorkerSide
 
             self._worker = WorkerSide(self.config, self.fingerprint, self.config.store_dir / f"rank{_tp_rank()}",
                                       block_size)
+
+    def _admission(self, vllm_config) -> Admission | None:
+        if self.config.calibration is None:
+            return None
+        calibration = read_calibration(self.config.calibration)
+        actual = server_fingerprint(vllm_config)
+        check_fingerprint(calibration, actual, self.config.calibration)
+        tier = tier_entry(calibration)
+        log.info("kvoffload: admission rule from %s: %s GB/s, fixed %.1f ms, break-even prefix %s tokens",
+                 self.config.calibration, tier.get("bandwidth_gbps"), 1e3 * tier.get("fixed_s", 0.0),
+                 tier.get("break_even_prefix_tokens"))
+        return Admission(tier, actual["kv_bytes_per_token"], self._scheduler_counters)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -101,9 +134,8 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
         return self._worker.block_ids_with_load_errors() if self._worker else set()
 
     def get_kv_connector_stats(self):
-        if self._worker is None:
-            return None
-        data = self._worker.counters.drain()
+        counters = self._worker.counters if self._worker is not None else self._scheduler_counters
+        data = counters.drain()
         return KVOffloadStats(data=data) if data else None
 
     def shutdown(self):

@@ -33,6 +33,7 @@ COUNTERS = {
     "write_errors_vanished": "writes to a store folder that no longer exists",
     "write_errors_write_error": "writes that failed otherwise",
     "blocks_load_failed": "KV blocks whose load failed and were recomputed",
+    "loads_admitted": "prefix loads admitted by the admission rule",
     "loads_declined": "prefix loads declined by the admission rule",
     "tokens_declined": "prompt tokens whose load was declined by the admission rule",
 }

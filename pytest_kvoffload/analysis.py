@@ -1,0 +1,138 @@
+"""From measured cells to break-even figures: recompute fit, tier fit, break-even bandwidth and prefix.
+
+Model (the seed's, with the suffix that a partial hit still computes):
+    cold TTFT            t(n) = a + b n + c n^2
+    tier-hit TTFT        t_fixed + p B / bw + (t(L) - t(p))      p cached tokens of an L-token prompt
+so  tier-hit TTFT - (t(L) - t(p)) = t_fixed + p B / bw, a straight line in p.
+A hit of p tokens pays when t_fixed + p B / bw < t(p); the break-even prefix p* is where they meet.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RecomputeFit:
+    a: float
+    b: float
+    c: float
+
+    def __call__(self, n: float) -> float:
+        return self.a + self.b * n + self.c * n * n
+
+
+@dataclass(frozen=True)
+class TierFit:
+    bandwidth_bps: float  # effective bytes per second of the tier (inf when loads cost nothing measurable)
+    fixed_s: float
+    points: int
+
+    def load_seconds(self, tokens: float, kv_bytes_per_token: int) -> float:
+        return self.fixed_s + tokens * kv_bytes_per_token / self.bandwidth_bps
+
+
+def fit_recompute(lengths: list[float], seconds: list[float]) -> RecomputeFit:
+    """Least squares of a + b n + c n^2; c and then b held at zero if the data make them negative."""
+    n = np.asarray(lengths, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if len(n) == 0:
+        raise ValueError("no cold measurements to fit")
+    if len(set(n)) >= 3:
+        a, b, c = np.linalg.lstsq(np.stack([np.ones_like(n), n, n * n], 1), t, rcond=None)[0]
+        if c >= 0 and b >= 0:
+            return RecomputeFit(float(a), float(b), float(c))
+    if len(set(n)) >= 2:
+        a, b = np.linalg.lstsq(np.stack([np.ones_like(n), n], 1), t, rcond=None)[0]
+        if b >= 0:
+            return RecomputeFit(float(a), float(b), 0.0)
+    return RecomputeFit(float(t.mean()), 0.0, 0.0)
+
+
+def fit_tier(points: list[tuple[int, int, float]], recompute: RecomputeFit, kv_bytes_per_token: int) -> TierFit | None:
+    """points: (prompt tokens L, cached tokens p, tier-hit TTFT seconds), p > 0."""
+    usable = [(L, p, t) for L, p, t in points if p > 0]
+    if not usable:
+        return None
+    x = np.asarray([p * kv_bytes_per_token for _, p, _ in usable], dtype=float)
+    y = np.asarray([t - (recompute(L) - recompute(p)) for L, p, t in usable], dtype=float)
+    if len(set(x)) >= 2:
+        slope, fixed = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)[0]
+    else:
+        slope, fixed = 0.0, float(y.mean())
+    if slope <= 0:
+        # Transfer time below what this grid resolves: all of the cost is fixed.
+        return TierFit(math.inf, float(y.mean()), len(usable))
+    return TierFit(float(1.0 / slope), float(fixed), len(usable))
+
+
+def break_even_bandwidth(n: int, recompute: RecomputeFit, fixed_s: float, kv_bytes_per_token: int) -> float:
+    """Bytes/s at which loading n cached tokens ties recomputing them (inf: a hit never pays)."""
+    budget = recompute(n) - fixed_s
+    return n * kv_bytes_per_token / budget if budget > 0 else math.inf
+
+
+def break_even_prefix(tier: TierFit, recompute: RecomputeFit, kv_bytes_per_token: int,
+                      limit: int = 1 << 22) -> float:
+    """Smallest p from which a hit of p tokens is faster than recomputing them (inf: never within limit)."""
+    per_token = 0.0 if math.isinf(tier.bandwidth_bps) else kv_bytes_per_token / tier.bandwidth_bps
+
+    def pays(p: float) -> bool:
+        return tier.fixed_s + p * per_token < recompute(p)
+
+    if pays(1):
+        return 1.0
+    # t(p) - load(p) is convex in p (c >= 0): find the first crossing by doubling, then bisect.
+    hi = 2.0
+    while hi < limit and not pays(hi):
+        hi *= 2
+    if not pays(hi):
+        return math.inf
+    lo = hi / 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if pays(mid) else (mid, hi)
+    return hi
+
+
+def frontier(lengths: list[int], p_star: float) -> dict[int, float | None]:
+    """Smallest cached fraction that pays at each length (None: not even a full hit pays)."""
+    return {n: (p_star / n if p_star < n else None) for n in lengths}
+
+
+def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -> dict:
+    """Per backend: the recompute fit, each tier's fit and its break-even figures. tiers: backend -> source."""
+    out: dict = {}
+    for backend in sorted({c["backend"] for c in cells}):
+        mine = [c for c in cells if c["backend"] == backend]
+        cold = [c for c in mine if c["state"] == "cold"]
+        if not cold:
+            continue
+        recompute = fit_recompute([c["length"] for c in cold], [c["ttft"]["p50"] for c in cold])
+        lengths = sorted({c["length"] for c in cold})
+        entry: dict = {"recompute": asdict(recompute), "tier": None}
+        source = tiers.get(backend)
+        hits = [(c["length"], round(c["sources"].get(source, 0)), c["ttft"]["p50"])
+                for c in mine if c["state"] == "tier-hit" and source]
+        tier = fit_tier(hits, recompute, kv_bytes_per_token) if hits else None
+        if tier is not None:
+            p_star = break_even_prefix(tier, recompute, kv_bytes_per_token)
+            entry["tier"] = {
+                "source": source,
+                "bandwidth_gbps": None if math.isinf(tier.bandwidth_bps) else tier.bandwidth_bps / 1e9,
+                "fixed_s": tier.fixed_s,
+                "points": tier.points,
+                "break_even_prefix_tokens": None if math.isinf(p_star) else p_star,
+                "break_even_gbps": {str(n): _finite(break_even_bandwidth(n, recompute, tier.fixed_s,
+                                                                          kv_bytes_per_token)) for n in lengths},
+                "frontier": {str(n): f for n, f in frontier(lengths, p_star).items()},
+            }
+        out[backend] = entry
+    return out
+
+
+def _finite(bps: float) -> float | None:
+    return None if math.isinf(bps) else bps / 1e9

@@ -1,0 +1,99 @@
+"""The admission rule never makes a hit slower than recompute, and the check has teeth.
+
+On a drive slowed by the connector's bandwidth limit (so that the break-even prefix falls inside the
+swept lengths), the module first calibrates: cold and tier-hit cells with admission off, fitted into a
+calibration file. That same grid is the negative control: it must contain cells where the hit is
+slower than recompute, and the check must flag them. Then a server with admission on runs the grid,
+and every cell's median tier-hit TTFT must stay within the run's own noise of its median cold TTFT.
+"""
+
+import math
+
+import pytest
+
+from pytest_kvoffload import machine
+from pytest_kvoffload.analysis import analyse
+from pytest_kvoffload.backends import with_connector_options
+from pytest_kvoffload.calibration import build_calibration, write_calibration
+from pytest_kvoffload.cells import Cell, State
+from pytest_kvoffload.measure import CellRunner
+from pytest_kvoffload.stats import cell_table
+
+pytestmark = pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
+
+NOISE_FLOOR = 0.03
+
+
+def slow_gbps(settings) -> float:
+    return float(settings.extra.get("slow_drive_gbps") or machine.defaults()["slow_drive_gbps"])
+
+
+def run_grid(kv_session, backend, rounds):
+    settings = kv_session.settings
+    endpoint = kv_session.endpoint(backend)
+    for length in settings.lengths:
+        CellRunner(kv_session, backend, endpoint, Cell(length, 0.0, State.COLD)).run(rounds)
+        for fraction in settings.fractions:
+            CellRunner(kv_session, backend, endpoint, Cell(length, fraction, State.TIER_HIT)).run(rounds)
+    return [c for c in cell_table(kv_session.writer.data["measurements"]) if c["backend"] == backend.name]
+
+
+def tolerance(hit, cold) -> float:
+    return max(NOISE_FLOOR, 3 * math.hypot(hit["ttft"]["spread"], cold["ttft"]["spread"]))
+
+
+def violations(cells):
+    """Cells whose median tier-hit TTFT exceeds median cold TTFT beyond the measured noise."""
+    cold = {c["length"]: c for c in cells if c["state"] == "cold"}
+    out = []
+    for hit in cells:
+        if hit["state"] != "tier-hit" or hit["length"] not in cold:
+            continue
+        base = cold[hit["length"]]
+        if hit["ttft"]["p50"] > base["ttft"]["p50"] * (1 + tolerance(hit, base)):
+            out.append(f"{hit['length']} tokens, {hit['fraction']:g} cached: tier hit {hit['ttft']['p50'] * 1e3:.0f} ms"
+                       f" > cold {base['ttft']['p50'] * 1e3:.0f} ms (+{tolerance(hit, base):.0%} noise)")
+    return out
+
+
+@pytest.fixture(scope="module")
+def grids(kv_session, kv_backend):
+    if kv_backend.name not in kv_session.settings.backends:
+        pytest.skip(f"{kv_backend.name} is not among --kv-backend")
+    settings = kv_session.settings
+    rounds = max(3, settings.rounds)
+    gbps = slow_gbps(settings)
+    slow = with_connector_options(kv_backend, "slow", read_gbps=gbps)
+    control = run_grid(kv_session, slow, rounds)
+    kv_session.pool.release(slow.name)
+    tiers = {slow.name: "disk"}
+    analysis = analyse(control, settings.model.kv_bytes_per_token(), tiers)
+    calibration = build_calibration(analysis, settings, kv_session.writer.data["environment"])
+    calibration["tiers"]["kvoffload-disk"] = calibration["tiers"].pop(slow.name)
+    path = kv_session.run_dir / "admission-calibration.json"
+    write_calibration(path, calibration)
+    admitted = with_connector_options(kv_backend, "admission", read_gbps=gbps, calibration=str(path))
+    guarded = run_grid(kv_session, admitted, rounds)
+    kv_session.pool.release(admitted.name)
+    return {"control": control, "guarded": guarded, "gbps": gbps, "calibration": calibration}
+
+
+def test_negative_control_finds_hits_slower_than_recompute(grids):
+    found = violations(grids["control"])
+    assert found, (f"with admission off on a {grids['gbps']} GB/s drive no cell was slower than recompute: "
+                   "the check would have no teeth; use a slower drive or shorter lengths")
+
+
+def test_admission_never_makes_a_hit_slower_than_recompute(grids):
+    found = violations(grids["guarded"])
+    assert not found, "admission on, yet: " + "; ".join(found)
+
+
+def test_declined_loads_move_no_disk_tokens(kv_session, grids):
+    name = "kvoffload-disk[admission]"
+    measured = [m for m in kv_session.writer.data["measurements"]
+                if m["backend"] == name and m["state"] == "tier-hit" and m["purpose"] == "measure"]
+    declined = [m for m in measured if m["connector"].get("kvoffload:loads_declined_total")]
+    assert all(m["cached_by_source"].get("disk", 0) == 0 for m in declined)
+    admitted = [m for m in measured if m["connector"].get("kvoffload:loads_admitted_total")]
+    assert all(m["cached_by_source"].get("disk", 0) > 0 for m in admitted)

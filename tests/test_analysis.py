@@ -1,0 +1,61 @@
+import math
+
+import pytest
+
+from pytest_kvoffload.analysis import (RecomputeFit, TierFit, analyse, break_even_bandwidth, break_even_prefix,
+                                       fit_recompute, fit_tier, frontier)
+
+B = 4096
+
+
+def test_recompute_fit_recovers_a_quadratic():
+    lengths = [512, 1024, 2048, 4096]
+    fit = fit_recompute(lengths, [0.01 + 1e-4 * n + 2e-8 * n * n for n in lengths])
+    assert (fit.a, fit.b, fit.c) == pytest.approx((0.01, 1e-4, 2e-8), rel=1e-6)
+
+
+def test_recompute_fit_falls_back_to_a_line():
+    fit = fit_recompute([512, 1024], [0.06, 0.11])
+    assert fit.c == 0 and fit.b == pytest.approx(0.05 / 512)
+
+
+def test_tier_fit_recovers_bandwidth_and_fixed_cost():
+    recompute = RecomputeFit(0.01, 1e-4, 2e-8)
+    bw, fixed = 50e6, 0.02
+    points = [(L, p, fixed + p * B / bw + recompute(L) - recompute(p)) for L, p in
+              [(1024, 512), (1024, 896), (4096, 2048), (4096, 3968)]]
+    tier = fit_tier(points, recompute, B)
+    assert tier.bandwidth_bps == pytest.approx(bw) and tier.fixed_s == pytest.approx(fixed)
+
+
+def test_break_even_bandwidth_and_prefix_agree():
+    recompute = RecomputeFit(0.01, 1e-4, 2e-8)
+    tier = TierFit(bandwidth_bps=25e6, fixed_s=0.02, points=4)
+    p_star = break_even_prefix(tier, recompute, B)
+    assert tier.load_seconds(p_star, B) == pytest.approx(recompute(p_star), rel=1e-6)
+    # At the break-even prefix, the break-even bandwidth is the tier's own.
+    assert break_even_bandwidth(round(p_star), recompute, 0.02, B) == pytest.approx(25e6, rel=0.01)
+
+
+def test_a_tier_that_never_pays():
+    tier = TierFit(bandwidth_bps=1e3, fixed_s=0.5, points=2)
+    assert math.isinf(break_even_prefix(tier, RecomputeFit(0.0, 1e-6, 0.0), B))
+    assert break_even_bandwidth(100, RecomputeFit(0.0, 1e-6, 0.0), 0.5, B) == math.inf
+
+
+def test_frontier_is_the_break_even_prefix_over_the_length():
+    assert frontier([1000, 4000], 2000.0) == {1000: None, 4000: 0.5}
+
+
+def test_analyse_cells():
+    recompute = RecomputeFit(0.01, 1e-4, 2e-8)
+    cells = [{"backend": "kvoffload-disk", "length": n, "fraction": 0.0, "state": "cold", "ttft": {"p50": recompute(n)},
+              "sources": {}} for n in (512, 1024, 2048, 4096)]
+    for n in (1024, 4096):
+        p = n - 128
+        cells.append({"backend": "kvoffload-disk", "length": n, "fraction": 1.0, "state": "tier-hit",
+                      "ttft": {"p50": 0.02 + p * B / 50e6 + recompute(n) - recompute(p)}, "sources": {"disk": p}})
+    result = analyse(cells, B, {"kvoffload-disk": "disk"})["kvoffload-disk"]
+    assert result["tier"]["bandwidth_gbps"] == pytest.approx(0.05)
+    assert result["tier"]["break_even_prefix_tokens"] > 0
+    assert set(result["tier"]["break_even_gbps"]) == {"512", "1024", "2048", "4096"}

@@ -1,0 +1,71 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_kvoffload.calibration import (CalibrationError, build_calibration, check_fingerprint, read_calibration,
+                                          tier_entry, write_calibration)
+from pytest_kvoffload.connector.admission import Admission
+from pytest_kvoffload.connector.stats import Counters
+from pytest_kvoffload.models import load_model
+from pytest_kvoffload.settings import Settings
+
+TIER = {"source": "disk", "bandwidth_gbps": 0.025, "fixed_s": 0.03, "break_even_prefix_tokens": 1500.0,
+        "recompute": {"a": 0.01, "b": 1e-4, "c": 2e-8}}
+
+
+def settings():
+    return Settings(backends=("kvoffload-disk",), model=load_model("tiny-llama"), lengths=(512,), fractions=(1.0,),
+                    rounds=1, results_dir=Path("/tmp"), block_size=128)
+
+
+def calibration():
+    analysis = {"kvoffload-disk": {"recompute": TIER["recompute"], "tier": {**TIER, "points": 4}},
+                "gpu-only": {"recompute": TIER["recompute"], "tier": None}}
+    return build_calibration(analysis, settings(), {"device": "cpu", "vllm": "0.32.0"})
+
+
+def test_round_trip(tmp_path):
+    write_calibration(tmp_path / "c.json", calibration())
+    data = read_calibration(tmp_path / "c.json")
+    assert data["fingerprint"]["kv_bytes_per_token"] == 4096
+    assert list(data["tiers"]) == ["kvoffload-disk"]
+    assert tier_entry(data)["bandwidth_gbps"] == 0.025
+
+
+@pytest.mark.parametrize("content,match", [
+    (None, "no such file; run the sweep"),
+    ("{", "not readable JSON"),
+    (json.dumps({"schema": "x"}), "not a pytest-kvoffload calibration file"),
+])
+def test_bad_files_get_one_line_errors(tmp_path, content, match):
+    path = tmp_path / "c.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(CalibrationError, match=match):
+        read_calibration(path)
+
+
+def test_fingerprint_mismatch_says_what_differs_and_how_to_recalibrate():
+    actual = {"model": "llama-3.2-3b", "kv_bytes_per_token": 114688, "block_size": 128, "device": "cpu"}
+    with pytest.raises(CalibrationError, match=r"model: file 'tiny-llama', server 'llama-3.2-3b'.*"
+                                               r"kv_bytes_per_token.*recalibrate with pytest suites/"):
+        check_fingerprint(calibration(), actual)
+    check_fingerprint(calibration(), {"model": "tiny-llama", "kv_bytes_per_token": 4096, "block_size": 128,
+                                      "device": "cpu"})
+
+
+def test_admission_declines_what_costs_more_than_recompute():
+    counters = Counters()
+    admit = Admission(TIER, 4096, counters)
+    # 256 tokens: load 30 ms + 42 ms vs recompute ~27 ms -> decline. 4,000 tokens: 686 ms vs 730 ms -> load.
+    assert not admit(256, 300, 0)
+    assert admit(4000, 4100, 0)
+    c = counters.drain()
+    assert c["loads_declined"] == 1 and c["tokens_declined"] == 256 and c["loads_admitted"] == 1
+
+
+def test_admission_counts_only_the_tokens_beyond_the_local_cache():
+    admit = Admission(TIER, 4096, Counters())
+    load, recompute = admit.predicted(1000, 3000)
+    assert recompute == pytest.approx(admit.recompute(4000) - admit.recompute(3000))
