@@ -103,6 +103,28 @@ def frontier(lengths: list[int], p_star: float) -> dict[int, float | None]:
     return {n: (p_star / n if p_star < n else None) for n in lengths}
 
 
+def fit_tier_paired(pairs: list[tuple[int, float]], base_s: float, kv_bytes_per_token: int) -> TierFit | None:
+    """pairs: (cached tokens p, tier-hit TTFT minus engine-hit TTFT of the same cell).
+
+    An engine hit of the same cell computes the same suffix, so the difference is the tier's own cost,
+    extra_fixed + p B / bw, free of the recompute fit's noise. base_s (what a hit costs with nothing to
+    transfer) is added to the intercept so the fixed cost compares with t(p) like the seed's formula.
+    """
+    usable = [(p, d) for p, d in pairs if p > 0]
+    if not usable:
+        return None
+    x = np.asarray([p * kv_bytes_per_token for p, _ in usable], dtype=float)
+    y = np.asarray([d for _, d in usable], dtype=float)
+    if len(set(x)) >= 2:
+        slope, extra = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)[0]
+    else:
+        slope, extra = (y[0] / x[0], 0.0) if y[0] > 0 else (0.0, float(y[0]))
+    fixed = base_s + max(0.0, float(extra))
+    if slope <= 0:
+        return TierFit(math.inf, fixed, len(usable))
+    return TierFit(float(1.0 / slope), fixed, len(usable))
+
+
 def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -> dict:
     """Per backend: the recompute fit, each tier's fit and its break-even figures. tiers: backend -> source."""
     out: dict = {}
@@ -115,13 +137,25 @@ def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -
         lengths = sorted({c["length"] for c in cold})
         entry: dict = {"recompute": asdict(recompute), "tier": None}
         source = tiers.get(backend)
-        hits = [(c["length"], round(c["sources"].get(source, 0)), c["ttft"]["p50"])
-                for c in mine if c["state"] == "tier-hit" and source]
-        tier = fit_tier(hits, recompute, kv_bytes_per_token) if hits else None
+        tier_cells = [c for c in mine if c["state"] == "tier-hit" and source]
+        engine = {(c["length"], c["fraction"]): c for c in mine if c["state"] == "engine-hit"}
+        pairs = [(round(c["sources"].get(source, 0)), c["ttft"]["p50"] - engine[(c["length"], c["fraction"])]["ttft"]["p50"])
+                 for c in tier_cells if (c["length"], c["fraction"]) in engine]
+        if pairs:
+            # What a hit costs beyond its suffix when nothing is transferred: the engine hits' residual.
+            residual = [e["ttft"]["p50"] - (recompute(e["length"]) - recompute(round(e["sources"].get("device", 0))))
+                        for e in engine.values()]
+            tier = fit_tier_paired(pairs, max(0.0, float(np.median(residual))), kv_bytes_per_token)
+            method = "paired with engine hits"
+        else:
+            hits = [(c["length"], round(c["sources"].get(source, 0)), c["ttft"]["p50"]) for c in tier_cells]
+            tier = fit_tier(hits, recompute, kv_bytes_per_token) if hits else None
+            method = "against the recompute fit"
         if tier is not None:
             p_star = break_even_prefix(tier, recompute, kv_bytes_per_token)
             entry["tier"] = {
                 "source": source,
+                "method": method,
                 "bandwidth_gbps": None if math.isinf(tier.bandwidth_bps) else tier.bandwidth_bps / 1e9,
                 "fixed_s": tier.fixed_s,
                 "points": tier.points,

@@ -34,3 +34,20 @@ def describe() -> dict:
         "pytest_kvoffload": package_version("pytest-kvoffload"),
         "git_commit": git_commit(),
     }
+
+
+def drive(folder) -> dict:
+    """The drive under the run folder (where stores live unless told otherwise) and a quick O_DIRECT probe."""
+    import os
+
+    from .probe import probe_disk
+
+    info: dict = {"path": str(folder)}
+    try:
+        st = os.statvfs(folder)
+        info["free_gb"] = st.f_bavail * st.f_frsize / 1e9
+        result = probe_disk(folder, request_bytes=4 << 20, total_bytes=64 << 20, repeats=1)
+        info.update(read_gbps=result.read_gbps, write_gbps=result.write_gbps, direct_io=result.direct_io)
+    except OSError as exc:
+        info["error"] = str(exc)
+    return info

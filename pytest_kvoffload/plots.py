@@ -9,14 +9,25 @@ STATE_STYLE = {"cold": ("o-", "cold (recompute)"), "engine-hit": ("s--", "engine
                "tier-hit": ("^:", "tier hit")}
 
 
-def ttft_by_length(run: dict, path: Path) -> Path | None:
-    """TTFT p50 against prompt length per backend: cold, and each hit state at the largest fraction."""
+def _pyplot():
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def _model(run: dict) -> str:
+    return (run.get("options") or {}).get("model", {}).get("name", "")
+
+
+def ttft_by_length(run: dict, path: Path) -> Path | None:
+    """TTFT p50 against prompt length per backend: cold, and each hit state at the largest fraction."""
+    plt = _pyplot()
+    if plt is None:
         return None
     cells = run.get("cells") or []
     if not cells:
@@ -38,11 +49,89 @@ def ttft_by_length(run: dict, path: Path) -> Path | None:
     ax.set_yscale("log")
     ax.set_xlabel("prompt length (tokens)")
     ax.set_ylabel("TTFT p50 (ms)")
-    model = (run.get("options") or {}).get("model", {}).get("name", "")
-    ax.set_title(f"TTFT by prompt length, {model}; hits with {top:g} of the prompt cached")
+    ax.set_title(f"TTFT by prompt length, {_model(run)}; hits with {top:.0%} of the prompt cached")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def break_even_bandwidth(run: dict, path: Path) -> Path | None:
+    """The seed's central picture from measured data: the bandwidth a tier needs at each length (falling
+    with length), against the bandwidth each tier delivered (a horizontal line). Where the line is above
+    the curve, loading beats recomputing."""
+    plt = _pyplot()
+    tiers = {b: e["tier"] for b, e in (run.get("analysis") or {}).items() if e.get("tier")}
+    if plt is None or not tiers:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for color, (backend, tier) in zip(colors, sorted(tiers.items())):
+        points = sorted((int(n), g) for n, g in tier["break_even_gbps"].items() if g is not None)
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=color,
+                    label=f"{backend}: break-even bandwidth (fully cached prompt)")
+        if tier.get("bandwidth_gbps"):
+            ax.axhline(tier["bandwidth_gbps"], color=color, linestyle="--",
+                       label=f"{backend}: measured {tier['bandwidth_gbps']:.3g} GB/s effective")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_ylabel("bandwidth (GB/s)")
+    ax.set_title(f"Break-even bandwidth vs measured tier bandwidth, {_model(run)}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def frontier(run: dict, path: Path) -> Path | None:
+    """Length x cached fraction: where a tier hit beat recompute (filled) or not (open), and the fitted
+    frontier p*/L above which hits pay."""
+    plt = _pyplot()
+    cells = run.get("cells") or []
+    analysis = run.get("analysis") or {}
+    tiers = sorted(b for b, e in analysis.items() if e.get("tier"))
+    if plt is None or not tiers:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for color, backend in zip(colors, tiers):
+        cold = {c["length"]: c["ttft"]["p50"] for c in cells if c["backend"] == backend and c["state"] == "cold"}
+        hits = [c for c in cells if c["backend"] == backend and c["state"] == "tier-hit" and c["length"] in cold]
+        won = [(c["length"], c["fraction"]) for c in hits if c["ttft"]["p50"] < cold[c["length"]]]
+        lost = [(c["length"], c["fraction"]) for c in hits if c["ttft"]["p50"] >= cold[c["length"]]]
+        if won:
+            ax.scatter(*zip(*won), color=color, marker="o", s=60, label=f"{backend}: hit faster than recompute")
+        if lost:
+            ax.scatter(*zip(*lost), facecolors="none", edgecolors=color, marker="o", s=60,
+                       label=f"{backend}: hit slower than recompute")
+        p_star = analysis[backend]["tier"].get("break_even_prefix_tokens")
+        lengths = sorted(cold)
+        if p_star and lengths:
+            xs = [n for n in lengths if p_star <= n]
+            if xs:
+                ax.plot(xs, [p_star / n for n in xs], "-", color=color,
+                        label=f"{backend}: fitted frontier, prefix >= {p_star:,.0f} tokens")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_ylabel("cached fraction of the prompt")
+    ax.set_title(f"Where a tier hit pays, {_model(run)}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_all(run: dict, folder: Path) -> list[Path]:
+    made = [ttft_by_length(run, folder / "ttft_by_length.png"),
+            break_even_bandwidth(run, folder / "break_even_bandwidth.png"),
+            frontier(run, folder / "frontier.png")]
+    return [p for p in made if p is not None]

@@ -90,7 +90,8 @@ def break_even_lines(analysis: dict) -> list[str]:
         lines.append(
             f"{backend} break-even ({tier['source']} tier): measured {'>' if bw is None else ''}"
             f"{'resolution' if bw is None else f'{bw:.3f} GB/s'} effective, fixed {tier['fixed_s'] * 1e3:.1f} ms; "
-            f"pays from a {'-' if p_star is None else f'{p_star:,.0f}'}-token prefix")
+            + ("never pays within 4M tokens" if p_star is None else
+               "pays at any prefix length" if p_star <= 1 else f"pays from a {p_star:,.0f}-token prefix"))
         rows = [[length, _gbps(need), "yes" if (bw is None or (need is not None and bw >= need)) else "no",
                  "-" if tier["frontier"].get(length) is None else f"{tier['frontier'][length]:.2f}"]
                 for length, need in tier["break_even_gbps"].items()]

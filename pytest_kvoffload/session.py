@@ -12,7 +12,7 @@ from . import environment, machine
 from .analysis import analyse
 from .backends import Backend, BackendRegistry, LaunchContext, server_command
 from .calibration import build_calibration, write_calibration
-from .plots import ttft_by_length
+from .plots import write_all
 from .records import RunWriter, write_cells_csv
 from .report import render
 from .server import Endpoint, ServerPool, VllmServer, free_port
@@ -45,7 +45,10 @@ class KVSession:
     def writer(self) -> RunWriter:
         if self._writer is None:
             run_dir = self.settings.results_dir / self.run_id
-            self._writer = RunWriter(run_dir, self.run_id, self.options, environment.describe())
+            env = environment.describe()
+            run_dir.mkdir(parents=True, exist_ok=True)
+            env["drive"] = environment.drive(run_dir)
+            self._writer = RunWriter(run_dir, self.run_id, self.options, env)
             for name in self.settings.backends:
                 self._writer.set_backend(name, "selected", description=self.registry.get(name).description)
         return self._writer
@@ -115,7 +118,7 @@ class KVSession:
         write_cells_csv(self._writer.run_dir / "cells.csv", cells)
         (self._writer.run_dir / "summary.txt").write_text(render(self._writer.data) + "\n")
         try:
-            ttft_by_length(self._writer.data, self._writer.run_dir / "ttft_by_length.png")
+            write_all(self._writer.data, self._writer.run_dir)
         except Exception as exc:  # a plot must never cost the run its record
             self.progress(f"plot skipped: {exc}")
         shutil.rmtree(self._writer.run_dir / "scratch", ignore_errors=True)

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from pytest_kvoffload.analysis import (RecomputeFit, TierFit, analyse, break_even_bandwidth, break_even_prefix,
-                                       fit_recompute, fit_tier, frontier)
+                                       fit_recompute, fit_tier, fit_tier_paired, frontier)
 
 B = 4096
 
@@ -59,3 +59,26 @@ def test_analyse_cells():
     assert result["tier"]["bandwidth_gbps"] == pytest.approx(0.05)
     assert result["tier"]["break_even_prefix_tokens"] > 0
     assert set(result["tier"]["break_even_gbps"]) == {"512", "1024", "2048", "4096"}
+
+
+def test_paired_fit_uses_the_engine_hit_of_the_same_cell():
+    bw, extra = 40e6, 0.004
+    pairs = [(p, extra + p * B / bw) for p in (256, 896, 2048, 3968)]
+    tier = fit_tier_paired(pairs, 0.03, B)
+    assert tier.bandwidth_bps == pytest.approx(bw) and tier.fixed_s == pytest.approx(0.034)
+
+
+def test_analyse_prefers_engine_hit_pairs():
+    recompute = RecomputeFit(0.01, 1e-4, 2e-8)
+    cells = [{"backend": "kvoffload-disk", "length": n, "fraction": 0.0, "state": "cold", "ttft": {"p50": recompute(n)},
+              "sources": {}} for n in (512, 1024, 2048, 4096)]
+    for n in (1024, 4096):
+        p = n - 128
+        engine = 0.01 + recompute(n) - recompute(p)
+        cells.append({"backend": "kvoffload-disk", "length": n, "fraction": 1.0, "state": "engine-hit",
+                      "ttft": {"p50": engine}, "sources": {"device": p}})
+        cells.append({"backend": "kvoffload-disk", "length": n, "fraction": 1.0, "state": "tier-hit",
+                      "ttft": {"p50": engine + 0.005 + p * B / 50e6}, "sources": {"disk": p}})
+    tier = analyse(cells, B, {"kvoffload-disk": "disk"})["kvoffload-disk"]["tier"]
+    assert tier["method"] == "paired with engine hits"
+    assert tier["bandwidth_gbps"] == pytest.approx(0.05) and tier["fixed_s"] == pytest.approx(0.015)

@@ -1,6 +1,7 @@
 import pytest
 
-from pytest_kvoffload.plots import ttft_by_length
+from pytest_kvoffload.analysis import analyse
+from pytest_kvoffload.plots import ttft_by_length, write_all
 from pytest_kvoffload.stats import cell_table
 
 matplotlib = pytest.importorskip("matplotlib")
@@ -27,3 +28,20 @@ def test_ttft_plot_is_a_png_with_one_line_per_backend_and_state(tmp_path, monkey
 
 def test_no_cells_no_plot(tmp_path):
     assert ttft_by_length({"cells": []}, tmp_path / "x.png") is None
+
+
+def test_all_plots_from_a_run_with_a_tier(tmp_path):
+    ms = []
+    for n in (512, 1024, 2048, 4096):
+        ms.append(record("kvoffload-disk", "cold", n, 0.02 + n * 2e-4))
+        ms.append(record("kvoffload-disk", "engine-hit", n, 0.03))
+        ms.append(record("kvoffload-disk", "tier-hit", n, 0.035 + n * 4096 / 5e8))
+    for m in ms:
+        if m["state"] != "cold":
+            m["cached_by_source"] = {"device" if m["state"] == "engine-hit" else "disk": m["length"] - 128}
+    cells = cell_table(ms)
+    run = {"cells": cells, "analysis": analyse(cells, 4096, {"kvoffload-disk": "disk"}),
+           "options": {"model": {"name": "tiny-llama"}}}
+    made = write_all(run, tmp_path)
+    assert [p.name for p in made] == ["ttft_by_length.png", "break_even_bandwidth.png", "frontier.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in made)
