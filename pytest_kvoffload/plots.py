@@ -20,6 +20,22 @@ def _pyplot():
     return plt
 
 
+def _finish(plt, fig, ax, path: Path, ylabel: str, title: str, log_y: bool = True) -> Path:
+    """Shared decoration: prompt length on a log2 axis, grid, legend, saved as PNG."""
+    ax.set_xscale("log", base=2)
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def _model(run: dict) -> str:
     return (run.get("options") or {}).get("model", {}).get("name", "")
 
@@ -45,17 +61,8 @@ def ttft_by_length(run: dict, path: Path) -> Path | None:
         style, label = STATE_STYLE.get(state, ("x-", state))
         ax.plot([p[0] for p in points], [p[1] for p in points], style, color=colors[backend],
                 label=f"{backend}: {label}")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("prompt length (tokens)")
-    ax.set_ylabel("TTFT p50 (ms)")
-    ax.set_title(f"TTFT by prompt length, {_model(run)}; hits with {top:.0%} of the prompt cached")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, "TTFT p50 (ms)",
+                   f"TTFT by prompt length, {_model(run)}; hits with {top:.0%} of the prompt cached")
 
 
 def break_even_bandwidth(run: dict, path: Path) -> Path | None:
@@ -76,17 +83,8 @@ def break_even_bandwidth(run: dict, path: Path) -> Path | None:
         if tier.get("bandwidth_gbps"):
             ax.axhline(tier["bandwidth_gbps"], color=color, linestyle="--",
                        label=f"{backend}: measured {tier['bandwidth_gbps']:.3g} GB/s effective")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("prompt length (tokens)")
-    ax.set_ylabel("bandwidth (GB/s)")
-    ax.set_title(f"Break-even bandwidth vs measured tier bandwidth, {_model(run)}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, "bandwidth (GB/s)",
+                   f"Break-even bandwidth vs measured tier bandwidth, {_model(run)}")
 
 
 def frontier(run: dict, path: Path) -> Path | None:
@@ -117,17 +115,9 @@ def frontier(run: dict, path: Path) -> Path | None:
             if xs:
                 ax.plot(xs, [p_star / n for n in xs], "-", color=color,
                         label=f"{backend}: fitted frontier, prefix >= {p_star:,.0f} tokens")
-    ax.set_xscale("log", base=2)
     ax.set_ylim(0, 1.05)
-    ax.set_xlabel("prompt length (tokens)")
-    ax.set_ylabel("cached fraction of the prompt")
-    ax.set_title(f"Where a tier hit pays, {_model(run)}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, "cached fraction of the prompt", f"Where a tier hit pays, {_model(run)}",
+                   log_y=False)
 
 
 def write_all(run: dict, folder: Path) -> list[Path]:
