@@ -63,6 +63,9 @@ def render(run: dict) -> str:
             continue
         lines.append(f"{name}: TTFT p50 ±spread, cached tokens by source (mean per request)")
         lines.append(tabulate(tables[name], headers=HEADERS, tablefmt="simple", disable_numparse=True))
+        decisions = admission_decisions(run.get("measurements") or [], name)
+        if decisions:
+            lines.append(decisions)
         lines.append("")
     lines.extend(break_even_lines(run.get("analysis") or {}))
     for name, bench in (run.get("benchmarks") or {}).items():
@@ -99,3 +102,19 @@ def break_even_lines(analysis: dict) -> list[str]:
                               disable_numparse=True))
         lines.append("")
     return lines
+
+
+def admission_decisions(measurements: list[dict], backend: str) -> str | None:
+    """One line on the connector's admission rule for a backend, when it made any decisions."""
+    totals = {"admitted": 0.0, "declined": 0.0, "tokens": 0.0}
+    for m in measurements:
+        if m.get("backend") != backend:
+            continue
+        c = m.get("connector") or {}
+        totals["admitted"] += c.get("kvoffload:loads_admitted_total", 0.0)
+        totals["declined"] += c.get("kvoffload:loads_declined_total", 0.0)
+        totals["tokens"] += c.get("kvoffload:tokens_declined_total", 0.0)
+    if not totals["admitted"] and not totals["declined"]:
+        return None
+    return (f"admission: {totals['admitted']:.0f} loads admitted, {totals['declined']:.0f} declined "
+            f"({totals['tokens']:,.0f} tokens recomputed instead)")

@@ -70,3 +70,17 @@ def test_cells_csv(tmp_path):
     lines = (tmp_path / "cells.csv").read_text().splitlines()
     assert lines[0].startswith("backend,length,fraction,state,n,ttft_p50_s")
     assert "device=896" in lines[2] and len(lines) == 3
+
+
+def test_report_counts_admission_decisions(tmp_path):
+    writer = RunWriter(tmp_path, "r1", {}, {})
+    writer.set_backend("kvoffload-disk", "measured")
+    hit = measurement("tier-hit", 0.3, 1.0)
+    hit.update(backend="kvoffload-disk", connector={"kvoffload:loads_declined_total": 1.0,
+                                                      "kvoffload:tokens_declined_total": 896.0})
+    cold = measurement("cold", 0.3)
+    cold["backend"] = "kvoffload-disk"
+    writer.add_measurement(cold)
+    writer.add_measurement(hit)
+    writer.finish("complete", cell_table(writer.data["measurements"]))
+    assert "admission: 0 loads admitted, 1 declined (896 tokens recomputed instead)" in render(read_run(tmp_path))
