@@ -13,6 +13,7 @@ from .cells import State, grid
 from .fixtures import SESSION_KEY
 from .records import RecordError, read_run
 from .report import render
+from .replay_plan import build_replay_plan
 from .session import KVSession
 from .settings import (OptionError, Settings, check_fits_model, parse_backends, parse_fractions, parse_lengths,
                        parse_disk_opts, parse_model, parse_positive_int, parse_server_args, parse_server_url)
@@ -28,6 +29,16 @@ OPTIONS = [
     ("--kv-server-url", "kv_server_url", "measure this running vLLM server instead of starting one"),
     ("--kv-server-timeout", "kv_server_timeout", "seconds to wait for a server's /health (default: 600)"),
     ("--kv-block-size", "kv_block_size", "KV block size in tokens passed to vLLM (default: 128 on CPU, 16 on GPU)"),
+    ("--kv-trace", "kv_trace", "a Mooncake- or Bailian-style JSONL trace to replay (suites/test_trace_replay.py)"),
+    ("--kv-trace-format", "kv_trace_format", "mooncake or bailian (default: detected from the first line)"),
+    ("--kv-trace-tokens-per-block", "kv_trace_tokens_per_block",
+     "tokens per trace block after scaling (default: the format's own, 512 or 16)"),
+    ("--kv-trace-time-scale", "kv_trace_time_scale", "factor on arrival times, 0.1 = ten times faster (default 1)"),
+    ("--kv-trace-limit", "kv_trace_limit", "replay at most this many requests"),
+    ("--kv-trace-window", "kv_trace_window", "replay only requests arriving in START:END seconds"),
+    ("--kv-trace-mode", "kv_trace_mode", "open (at arrival times, default) or closed (back to back)"),
+    ("--kv-trace-concurrency", "kv_trace_concurrency", "requests in flight at most (default 4)"),
+    ("--kv-trace-max-output", "kv_trace_max_output", "cap on output tokens per request (default 4)"),
 ]
 
 
@@ -117,7 +128,14 @@ def pytest_configure(config):
                for name, value in vars(settings).items() if name != "model"}
     options["model"] = {"name": settings.model.name, "path": str(settings.model.path),
                         "kv_bytes_per_token": settings.model.kv_bytes_per_token()}
+    try:
+        replay_plan = build_replay_plan(config, _value)
+    except OptionError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if replay_plan is not None:
+        options["trace"] = replay_plan.describe()
     config.stash[SESSION_KEY] = KVSession(settings, registry, options, progress, hook=config.hook)
+    config.stash[SESSION_KEY].replay_plan = replay_plan
     config.pluginmanager.register(fixtures, "kvoffload-fixtures")
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _raise_interrupt)

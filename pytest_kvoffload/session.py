@@ -34,6 +34,7 @@ class KVSession:
         self.options = options
         self.progress = progress
         self.hook = hook
+        self.replay_plan = None  # set by the plugin when --kv-trace is given
         self.run_id = make_run_id(settings.model.name)
         # Part of every prompt's key, so a rerun against a long-lived server cannot hit last run's cache.
         self.salt = self.run_id

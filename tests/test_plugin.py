@@ -86,3 +86,27 @@ def test_report_header_names_the_grid(pytester):
     pytester.makepyfile("def test_nothing():\n    pass\n")
     result = pytester.runpytest_subprocess("--kv-lengths=256,2048", "--kv-model=llama-3.2-3b")
     result.stdout.fnmatch_lines(["kvoffload: backends *; model llama-3.2-3b (114,688 KV bytes/token); lengths 256,2048*"])
+
+
+def test_bad_trace_is_a_usage_error_naming_the_line(pytester):
+    trace = pytester.path / "t.jsonl"
+    trace.write_text('{"timestamp": 5, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+                     '{"timestamp": 1, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n')
+    pytester.makepyfile(USES_BACKEND)
+    result = pytester.runpytest_subprocess(f"--kv-trace={trace}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--kv-trace: trace *t.jsonl, line 2: timestamp goes backwards*"])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--kv-trace-mode=burst"], "--kv-trace-mode 'burst': expected open or closed"),
+    (["--kv-trace-window=9:1"], "--kv-trace-window '9:1': END must be after START"),
+    (["--kv-trace-format=azure"], "--kv-trace-format 'azure': expected one of mooncake, bailian"),
+])
+def test_bad_trace_options(pytester, args, message):
+    trace = pytester.path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n')
+    pytester.makepyfile(USES_BACKEND)
+    result = pytester.runpytest_subprocess(f"--kv-trace={trace}", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}*"])

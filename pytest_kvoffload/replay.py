@@ -1,0 +1,66 @@
+"""Replaying a trace against one server: open loop at the trace's (scaled) arrival times with bounded
+concurrency, or closed loop with a fixed number of clients. Per-request TTFT and cached tokens come
+from each response; per-source hit counts from the server's counters around the whole replay."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from .client import RequestError, stream_completion
+from .server import Endpoint
+
+
+@dataclass
+class ReplayRecord:
+    line: int
+    scheduled_s: float
+    sent_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ReplayItem:
+    line: int
+    arrival_s: float
+    tokens: list[int]
+    max_tokens: int
+
+
+def replay(endpoint: Endpoint, items: list[ReplayItem], mode: str = "open", concurrency: int = 4,
+           timeout_s: float = 600.0) -> list[ReplayRecord]:
+    """Send every item; returns one record per item in trace order. Bounded in count and time."""
+    if mode not in ("open", "closed"):
+        raise ValueError(f"replay mode {mode!r}: expected 'open' or 'closed'")
+    local = threading.local()
+    started = time.monotonic()
+    deadline = started + timeout_s
+
+    def client() -> Endpoint:
+        if not hasattr(local, "endpoint"):
+            local.endpoint = Endpoint(endpoint.url, endpoint.model_name)
+        return local.endpoint
+
+    def send(item: ReplayItem) -> ReplayRecord:
+        if mode == "open":
+            delay = started + item.arrival_s - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        sent = time.monotonic() - started
+        if time.monotonic() > deadline:
+            return ReplayRecord(item.line, item.arrival_s, sent, len(item.tokens), 0, None, "replay time limit")
+        try:
+            result = stream_completion(client(), item.tokens, max_tokens=item.max_tokens,
+                                       timeout=max(1.0, deadline - time.monotonic()))
+        except (RequestError, OSError) as exc:
+            return ReplayRecord(item.line, item.arrival_s, sent, len(item.tokens), 0, None, str(exc)[:200])
+        return ReplayRecord(item.line, item.arrival_s, sent, result.prompt_tokens, result.cached_tokens or 0,
+                            result.client_ttft_s)
+
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kv-replay") as pool:
+        return list(pool.map(send, items))

@@ -1,0 +1,98 @@
+"""A request trace through each selected backend: same prompts, same order, caches emptied before each.
+
+Reports per backend TTFT p50/p90/p99, hit ratio by source, bytes loaded, admission decisions and the
+share of requests above the break-even prefix measured in this session, and says whether offload paid
+on this trace against gpu-only. Give the trace with --kv-trace (see README for the scaling options).
+"""
+
+import time
+
+import numpy as np
+import pytest
+from tabulate import tabulate
+
+from pytest_kvoffload.analysis import analyse
+from pytest_kvoffload.replay import replay
+from pytest_kvoffload.stats import cell_table
+
+NAME = "trace replay"
+
+
+def _settled(endpoint, before, prompt_tokens, deadline_s=30.0):
+    end = time.monotonic() + deadline_s
+    while True:
+        after = endpoint.metrics()
+        if after.prompt_tokens - before.prompt_tokens >= prompt_tokens or time.monotonic() > end:
+            return after.delta(before)
+        time.sleep(0.2)
+
+
+def _break_even_prefix(kv_session, backend):
+    cells = [c for c in cell_table(kv_session.writer.data["measurements"]) if c["backend"] == backend.name]
+    if not backend.tier or not cells:
+        return None
+    tier = analyse(cells, kv_session.settings.model.kv_bytes_per_token(), {backend.name: backend.tier}) \
+        .get(backend.name, {}).get("tier")
+    return tier.get("break_even_prefix_tokens") if tier else None
+
+
+def _table(results: dict) -> str:
+    rows = []
+    base = results.get("gpu-only")
+    for name, r in results.items():
+        verdict = "-"
+        if base and name != "gpu-only":
+            ratio = r["ttft_mean_s"] / base["ttft_mean_s"]
+            verdict = f"{ratio:.2f}x gpu-only mean: " + ("paid" if ratio < 0.97 else "no gain" if ratio <= 1.03
+                                                         else "cost you")
+        rows.append([name, r["requests"], f"{r['ttft_p50_s'] * 1e3:,.0f}", f"{r['ttft_p90_s'] * 1e3:,.0f}",
+                     f"{r['ttft_p99_s'] * 1e3:,.0f}",
+                     ", ".join(f"{s} {v:.0%}" for s, v in sorted(r["hit_ratio"].items()) if v) or "none",
+                     f"{r['bytes_loaded'] / 1e6:,.1f}", r["admission"],
+                     "-" if r["share_above_break_even"] is None else f"{r['share_above_break_even']:.0%}",
+                     f"{r['wall_s']:.1f}", verdict])
+    return tabulate(rows, headers=["backend", "requests", "p50 ms", "p90 ms", "p99 ms", "hit ratio by source",
+                                   "MB loaded", "admission", "above break-even", "wall s", "offload"],
+                    disable_numparse=True)
+
+
+def test_replay_trace(kv_session, kv_backend, kv_server):
+    plan = kv_session.replay_plan
+    if plan is None:
+        pytest.skip("no --kv-trace given")
+    items = plan.items(kv_session.settings.model.vocab_size, kv_session.salt)
+    kv_server.reset_prefix_cache(external=True)
+    before = kv_server.metrics()
+    started = time.monotonic()
+    records = replay(kv_server, items, plan.mode, plan.concurrency)
+    wall = time.monotonic() - started
+    errors = [f"line {r.line}: {r.error}" for r in records if r.error]
+    assert not errors, "; ".join(errors[:5])
+    prompt_tokens = sum(r.prompt_tokens for r in records)
+    delta = _settled(kv_server, before, prompt_tokens)
+    ttfts = np.asarray([r.ttft_s for r in records])
+    p_star = _break_even_prefix(kv_session, kv_backend)
+    extra = delta.extra
+    result = {
+        "requests": len(records),
+        "ttft_p50_s": float(np.percentile(ttfts, 50)), "ttft_p90_s": float(np.percentile(ttfts, 90)),
+        "ttft_p99_s": float(np.percentile(ttfts, 99)), "ttft_mean_s": float(ttfts.mean()),
+        "hit_ratio": {s: v / prompt_tokens for s, v in delta.cached_by_source.items()},
+        "bytes_loaded": extra.get("kvoffload:bytes_read_total", 0.0),
+        "admission": (f"{extra.get('kvoffload:loads_admitted_total', 0):.0f} in, "
+                      f"{extra.get('kvoffload:loads_declined_total', 0):.0f} out")
+        if any(k.startswith("kvoffload:loads_") for k in extra) else "-",
+        "break_even_prefix_tokens": p_star,
+        "share_above_break_even": None if p_star is None else float(np.mean([r.prompt_tokens > p_star
+                                                                              for r in records])),
+        "wall_s": wall,
+        "late_s_max": max(r.sent_s - r.scheduled_s for r in records),
+        "per_request": [vars(r) for r in records],
+    }
+    bench = kv_session.writer.data.setdefault("benchmarks", {}).setdefault(NAME, {"backends": {}})
+    bench["backends"][kv_backend.name] = result
+    bench["trace"] = plan.describe()
+    summary = {k: {kk: vv for kk, vv in v.items() if kk != "per_request"} for k, v in bench["backends"].items()}
+    text = (f"{plan.trace.path.name}: {len(items)} requests, {plan.describe()['scaling']}, {plan.mode} loop, "
+            f"concurrency {plan.concurrency}\n" + _table(summary))
+    kv_session.add_benchmark(NAME, text, {"trace": bench["trace"], "backends": bench["backends"]})

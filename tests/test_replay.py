@@ -1,0 +1,41 @@
+"""Trace replay against the shared gpu-only server, on a small trace made here."""
+
+import json
+
+import pytest
+
+from pytest_kvoffload.replay import replay
+from pytest_kvoffload.replay_plan import ReplayPlan
+from pytest_kvoffload.traces import Scaling, read_trace
+
+
+def make_trace(tmp_path):
+    lines = [{"timestamp": i * 200, "input_length": 1024, "output_length": 8, "hash_ids": ids}
+             for i, ids in enumerate([[1, 2], [1, 2], [3, 4], [1, 5], [3, 4], [6, 7]])]
+    path = tmp_path / "small.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines))
+    return path
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("kv_backend", ["gpu-only"], indirect=True, scope="session")
+@pytest.mark.parametrize("mode", ["open", "closed"])
+def test_replay_reproduces_the_trace_prefix_sharing(kv_session, kv_server, tmp_path, mode):
+    plan = ReplayPlan(read_trace(make_trace(tmp_path)), Scaling(tokens_per_block=256, time_factor=0.5), mode, 2, 2)
+    items = plan.items(kv_session.settings.model.vocab_size, f"{kv_session.salt}|replay-{mode}")
+    assert [len(i.tokens) for i in items] == [512] * 6 and all(i.max_tokens == 2 for i in items)
+    kv_server.reset_prefix_cache(external=False)
+    before = kv_server.metrics()
+    records = replay(kv_server, items, mode=mode, concurrency=2, timeout_s=300)
+    assert [r.line for r in records] == [1, 2, 3, 4, 5, 6]
+    assert not [r.error for r in records if r.error]
+    assert all(r.ttft_s and r.ttft_s > 0 for r in records)
+    if mode == "open":
+        assert [round(r.scheduled_s, 2) for r in records] == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]
+    # Request 6 shares nothing with the others; 2 and 5 repeat earlier ids and 4 shares one 256-token
+    # trace block with 1 (hits when the earlier twin finished first: closed loop sends 1 and 2 at once).
+    assert records[5].cached_tokens == 0
+    if mode == "open":
+        assert records[0].cached_tokens == 0 and records[1].cached_tokens == 384
+    cached = kv_server.metrics().delta(before).cached_by_source
+    assert cached.get("device", 0) == sum(r.cached_tokens for r in records) > 0
