@@ -150,6 +150,23 @@ def _native_cpu(ctx: LaunchContext) -> ServerSpec:
     return ServerSpec(args=["--kv-offloading-size", str(size), "--kv-offloading-backend", "native"])
 
 
+def _native_disk(ctx: LaunchContext) -> ServerSpec:
+    # vLLM's own file-system tier behind a CPU tier (TieringOffloadingSpec, secondary tier "fs").
+    # The CPU tier is kept small so that evicted prefixes are served from the files.
+    root = ctx.scratch / "native-disk"
+    root.mkdir(parents=True, exist_ok=True)
+    config = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {
+            "spec_name": "TieringOffloadingSpec",
+            "cpu_bytes_to_use": int(float(ctx.settings.extra.get("native_disk_cpu_gib", 1)) * 2**30),
+            "secondary_tiers": [{"type": "fs", "root_dir": str(root)}],
+        },
+    }
+    return ServerSpec(args=["--kv-transfer-config", json.dumps(config)])
+
+
 def _lmcache_disk(ctx: LaunchContext) -> ServerSpec:
     disk = ctx.scratch / "lmcache-disk"
     disk.mkdir(parents=True, exist_ok=True)
@@ -192,6 +209,14 @@ def builtin_backends() -> list[Backend]:
             configure=_lmcache_disk,
             tier_granularity=lambda s: 256,
             reset_tier=lambda ctx: _empty_folder(ctx.scratch / "lmcache-disk"),
+        ),
+        Backend(
+            name="native-disk",
+            description="vLLM's OffloadingConnector with a file-system tier behind a small CPU tier",
+            tier="disk",
+            needs_cuda=True,
+            cuda_reason="vLLM's OffloadingConnector raises on the CPU platform (CUDA-alike and XPU GPUs only)",
+            configure=_native_disk,
         ),
         Backend(
             name="kvoffload-disk",

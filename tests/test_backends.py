@@ -97,3 +97,19 @@ def test_connector_variant_gets_its_own_name_store_and_options(tmp_path):
     assert extra["read_gbps"] == 0.025 and extra["store_dir"] == str(tmp_path / "kv-store") + "-slow"
     with pytest.raises(ValueError, match="configures no KV connector"):
         server_command(with_connector_options(registry.get("gpu-only"), "x"), LaunchContext(settings(), tmp_path), 1)
+
+
+def test_native_disk_uses_vllm_tiering_with_an_fs_tier(tmp_path):
+    argv, _ = command("native-disk", tmp_path)
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert config["kv_connector"] == "OffloadingConnector"
+    extra = config["kv_connector_extra_config"]
+    assert extra["spec_name"] == "TieringOffloadingSpec" and extra["cpu_bytes_to_use"] == 2**30
+    assert extra["secondary_tiers"] == [{"type": "fs", "root_dir": str(tmp_path / "native-disk")}]
+
+
+def test_native_disk_spec_and_tier_exist_in_the_installed_vllm():
+    pytest.importorskip("vllm")
+    from vllm.v1.kv_offload.tiering import factory
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: F401
+    assert "fs" in open(factory.__file__).read()
