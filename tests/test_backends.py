@@ -112,4 +112,4 @@ def test_native_disk_spec_and_tier_exist_in_the_installed_vllm():
     pytest.importorskip("vllm")
     from vllm.v1.kv_offload.tiering import factory
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: F401
-    assert "fs" in open(factory.__file__).read()
+    assert "\"fs\"" in Path(factory.__file__).read_text()

@@ -69,3 +69,17 @@ def test_admission_counts_only_the_tokens_beyond_the_local_cache():
     admit = Admission(TIER, 4096, Counters())
     load, recompute = admit.predicted(1000, 3000)
     assert recompute == pytest.approx(admit.recompute(4000) - admit.recompute(3000))
+
+
+def test_online_bandwidth_replaces_the_calibrated_one_after_a_few_loads():
+    counters = Counters()
+    admit = Admission(TIER, 4096, counters)
+    assert not admit(1024, 1100, 0)  # 30 ms + 168 ms at 25 MB/s against 123 ms of recompute
+    calibrated = admit.predicted(4000, 0)[0]
+    for _ in range(2):
+        admit.observe(16e6, 0.016)  # 1 GB/s, 40x the calibrated 25 MB/s
+    assert admit.predicted(4000, 0)[0] == calibrated
+    admit.observe(16e6, 0.016)
+    assert admit.predicted(4000, 0)[0] == pytest.approx(0.03 + 4000 * 4096 / 1e9)
+    assert admit(1024, 1100, 0)  # at the drive's real speed the same prefix pays
+    assert counters.drain()["online_read_gbps"] == pytest.approx(1.0)

@@ -130,6 +130,9 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids):
         return self._worker.get_finished(finished_req_ids)
 
+    def build_connector_worker_meta(self):
+        return self._worker.worker_meta() if self._worker is not None else None
+
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.block_ids_with_load_errors() if self._worker else set()
 

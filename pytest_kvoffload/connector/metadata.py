@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 
 
 @dataclass
@@ -34,3 +34,14 @@ class SaveJob:
 class KVOffloadMetadata(KVConnectorMetadata):
     loads: list[LoadJob] = field(default_factory=list)
     saves: list[SaveJob] = field(default_factory=list)
+
+
+@dataclass
+class KVOffloadWorkerMeta(KVConnectorWorkerMetadata):
+    """What the worker half tells the scheduler half: (bytes, wall seconds) of each finished load."""
+
+    loads: list[tuple[float, float]] = field(default_factory=list)
+
+    def aggregate(self, other: "KVOffloadWorkerMeta") -> "KVOffloadWorkerMeta":
+        self.loads.extend(getattr(other, "loads", []))
+        return self

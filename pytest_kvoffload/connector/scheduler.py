@@ -147,6 +147,11 @@ class SchedulerSide:
     def update_connector_output(self, connector_output) -> None:
         for req_id in connector_output.finished_sending or ():
             self._inflight.pop(req_id, None)
+        meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        observe = getattr(self.admit, "observe", None)
+        if observe is not None and meta is not None:
+            for nbytes, seconds in getattr(meta, "loads", ()):
+                observe(nbytes, seconds)
 
     def reset_cache(self) -> bool:
         removed = self.clear()

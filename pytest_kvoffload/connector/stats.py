@@ -37,7 +37,8 @@ COUNTERS = {
     "loads_declined": "prefix loads declined by the admission rule",
     "tokens_declined": "prompt tokens whose load was declined by the admission rule",
 }
-FLAGS = {"direct_io": "1 when the store uses O_DIRECT, 0 when buffered with cached pages dropped"}
+FLAGS = {"direct_io": "1 when the store uses O_DIRECT, 0 when buffered with cached pages dropped",
+         "online_read_gbps": "the admission rule's running estimate of delivered read bandwidth, GB/s"}
 PREFIX = "kvoffload:"
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .config import ConnectorConfig
-from .metadata import KVOffloadMetadata, SaveJob
+from .metadata import KVOffloadMetadata, KVOffloadWorkerMeta, SaveJob
 from .stats import Counters
 from .store import HEADER_SIZE, ChunkStore, Layout
 
@@ -39,6 +39,7 @@ class WorkerSide:
         self._loads: dict[str, tuple[LoadJob, list[Future], float]] = {}
         self._saves: dict[str, list[Future]] = {}
         self._save_batches: list[tuple[float, list[Future]]] = []
+        self._load_samples: list[tuple[float, float]] = []
         # One chunk buffer per I/O thread, reused: a fresh 4 KiB-aligned buffer per chunk costs page faults.
         self._local = threading.local()
         self._finished: set[str] = set()
@@ -132,6 +133,7 @@ class WorkerSide:
     def _collect(self, job, futures, started: float) -> None:
         """Record a finished load: failed blocks for vLLM to recompute, and its wall time."""
         ended = started
+        moved = 0
         for chunk, future in zip(job.chunks, futures):
             error = future.exception()
             if error is not None:
@@ -140,9 +142,20 @@ class WorkerSide:
                 continue
             ok, finished_at = future.result()
             ended = max(ended, finished_at)
-            if not ok:
+            if ok:
+                moved += self.layout.file_bytes
+            else:
                 self._failed_blocks.update(b for _, b in chunk.blocks)
         self.counters.add("load_wall_seconds", ended - started)
+        if moved:
+            self._load_samples.append((float(moved), ended - started))
+
+    def worker_meta(self) -> KVOffloadWorkerMeta | None:
+        """Finished loads since the last step, for the scheduler's online bandwidth estimate."""
+        if not self._load_samples:
+            return None
+        samples, self._load_samples = self._load_samples, []
+        return KVOffloadWorkerMeta(loads=samples)
 
     def block_ids_with_load_errors(self) -> set[int]:
         failed, self._failed_blocks = self._failed_blocks, set()
