@@ -28,13 +28,15 @@ class CellOutcome:
 class CellRunner:
     """Runs the rounds of one cell; `setup` and `target` are shaped for benchmark.pedantic."""
 
-    def __init__(self, session: KVSession, backend: Backend, endpoint: Endpoint, cell: Cell) -> None:
+    def __init__(self, session: KVSession, backend: Backend, endpoint: Endpoint, cell: Cell,
+                 first_round: int = 0) -> None:
         self.session = session
         self.backend = backend
         self.endpoint = endpoint
         self.cell = cell
         self.outcome = CellOutcome(cell, backend.name)
-        self._round = 0
+        # Rounds number the prompts: a runner that continues a cell (first_round > 0) gets fresh ones.
+        self._round = first_round
         self._prompt: Prompt | None = None
         self._before: Snapshot | None = None
         self._pending: RequestResult | None = None
