@@ -75,27 +75,23 @@ def break_even_bandwidth(n: int, recompute: RecomputeFit, fixed_s: float, kv_byt
     return n * kv_bytes_per_token / budget if budget > 0 else math.inf
 
 
-def break_even_prefix(tier: TierFit, recompute: RecomputeFit, kv_bytes_per_token: int,
-                      limit: int = 1 << 22) -> float:
-    """Smallest p from which a hit of p tokens is faster than recomputing them (inf: never within limit)."""
-    per_token = 0.0 if math.isinf(tier.bandwidth_bps) else kv_bytes_per_token / tier.bandwidth_bps
+def break_even_prefix(tier: TierFit, recompute: RecomputeFit, kv_bytes_per_token: int) -> float:
+    """The prefix length from which every longer hit beats recomputing it (inf: no such length).
 
-    def pays(p: float) -> bool:
-        return tier.fixed_s + p * per_token < recompute(p)
-
-    if pays(1):
-        return 1.0
-    # t(p) - load(p) is convex in p (c >= 0): find the first crossing by doubling, then bisect.
-    hi = 2.0
-    while hi < limit and not pays(hi):
-        hi *= 2
-    if not pays(hi):
-        return math.inf
-    lo = hi / 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if pays(mid) else (mid, hi)
-    return hi
+    h(p) = t(p) - load(p) = (a - fixed) + (b - s) p + c p^2, s the transfer seconds per token: a hit pays
+    where h > 0. With c > 0 that is outside the roots, so the answer is the larger root (1 when h has
+    none); a hit may also pay below the smaller root, on fixed costs alone, but not from there on.
+    """
+    s = 0.0 if math.isinf(tier.bandwidth_bps) else kv_bytes_per_token / tier.bandwidth_bps
+    a, b, c = recompute.a - tier.fixed_s, recompute.b - s, recompute.c
+    if c > 0:
+        disc = b * b - 4 * a * c
+        if disc < 0:
+            return 1.0
+        return max(1.0, (-b + math.sqrt(disc)) / (2 * c))
+    if b > 0:
+        return max(1.0, -a / b) if a < 0 else 1.0
+    return math.inf
 
 
 def frontier(lengths: list[int], p_star: float) -> dict[int, float | None]:

@@ -82,3 +82,15 @@ def test_analyse_prefers_engine_hit_pairs():
     tier = analyse(cells, B, {"kvoffload-disk": "disk"})["kvoffload-disk"]["tier"]
     assert tier["method"] == "paired with engine hits"
     assert tier["bandwidth_gbps"] == pytest.approx(0.05) and tier["fixed_s"] == pytest.approx(0.015)
+
+
+def test_break_even_prefix_is_where_hits_pay_from_on_not_a_fixed_cost_island():
+    # Fixed cost below the recompute intercept (pays for tiny prefixes), transfer dearer than the linear
+    # recompute term, quadratic attention catching up later: hits pay again only from the larger root.
+    recompute = RecomputeFit(0.048, 5.55e-05, 2.99e-08)
+    tier = TierFit(bandwidth_bps=24.3e6, fixed_s=0.041, points=8)
+    p_star = break_even_prefix(tier, recompute, B)
+    assert 3000 < p_star < 5000
+    assert tier.load_seconds(p_star, B) == pytest.approx(recompute(p_star), rel=1e-6)
+    assert tier.load_seconds(p_star * 1.1, B) < recompute(p_star * 1.1)
+    assert tier.load_seconds(1000, B) > recompute(1000)
