@@ -113,7 +113,7 @@ def frontier(run: dict, path: Path) -> Path | None:
         if p_star and lengths:
             xs = [n for n in lengths if p_star <= n]
             if xs:
-                ax.plot(xs, [p_star / n for n in xs], "-", color=color,
+                ax.plot(xs, [p_star / n for n in xs], "x-", color=color, markersize=9,
                         label=f"{backend}: fitted frontier, prefix >= {p_star:,.0f} tokens")
     ax.set_ylim(0, 1.05)
     return _finish(plt, fig, ax, path, "cached fraction of the prompt", f"Where a tier hit pays, {_model(run)}",
