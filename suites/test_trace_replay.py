@@ -43,8 +43,13 @@ def _table(results: dict) -> str:
         verdict = "-"
         if base and name != "gpu-only":
             ratio = r["ttft_mean_s"] / base["ttft_mean_s"]
-            verdict = f"{ratio:.2f}x gpu-only mean: " + ("paid" if ratio < 0.97 else "no gain" if ratio <= 1.03
-                                                         else "cost you")
+            tier_hits = sum(v for s, v in r["hit_ratio"].items() if s != "device")
+            if not tier_hits:
+                # Nothing came from the tier: any difference is the servers', not offload's.
+                verdict = f"{ratio:.2f}x gpu-only mean, no tier hits: offload played no part"
+            else:
+                verdict = f"{ratio:.2f}x gpu-only mean: " + ("paid" if ratio < 0.97 else "no gain" if ratio <= 1.03
+                                                             else "cost you")
         rows.append([name, r["requests"], f"{r['ttft_p50_s'] * 1e3:,.0f}", f"{r['ttft_p90_s'] * 1e3:,.0f}",
                      f"{r['ttft_p99_s'] * 1e3:,.0f}",
                      ", ".join(f"{s} {v:.0%}" for s, v in sorted(r["hit_ratio"].items()) if v) or "none",
