@@ -43,7 +43,11 @@ class Backend:
     `tier` is the `source` label under which vLLM counts this backend's tier hits
     (vllm:prompt_tokens_cached_by_source); None means the backend has no tier below the engine's cache.
     `tier_granularity` is the token multiple in which the tier stores prefixes (None: one KV block).
-    `reset_tier` empties the tier when vLLM's reset_external cannot (e.g. LMCache's disk folder).
+    `reset_tier` empties a tier that outlives vLLM's reset_external (LMCache's and vLLM's file tiers);
+    it runs before the backend's server starts, because LMCache indexes its files in memory.
+    Tier-only state (a prefix resident in the tier and nowhere above it): prime `prime_requests` times,
+    then reset the engine's cache, and with `evict_connector` the connector's memory tier as well (for a
+    file tier behind a CPU tier, which vLLM's reset drains but leaves the files of).
     """
 
     name: str
@@ -54,6 +58,8 @@ class Backend:
     configure: Callable[[LaunchContext], ServerSpec] = _no_extra
     tier_granularity: Callable[[Settings], int] | None = None
     reset_tier: Callable[[LaunchContext], None] | None = None
+    prime_requests: int = 1
+    evict_connector: bool = False
 
     def unavailable_reason(self) -> str | None:
         if self.needs_cuda and not machine.has_cuda():
@@ -106,6 +112,10 @@ def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[lis
         argv += ["--load-format", "dummy"]
     # The engine's own prefix cache is what every backend sits behind; make it explicit.
     argv += ["--enable-prefix-caching"]
+    if settings.tensor_parallel > 1:
+        argv += ["--tensor-parallel-size", str(settings.tensor_parallel)]
+    if machine.has_cuda():
+        argv += ["--gpu-memory-utilization", f"{settings.gpu_memory_utilization:g}"]
     spec = backend.configure(ctx)
     argv += spec.args
     argv += list(settings.server_args)
@@ -131,7 +141,7 @@ def kvoffload_store_dir(ctx: LaunchContext) -> Path:
 
 
 def _kvoffload_disk(ctx: LaunchContext) -> ServerSpec:
-    extra = {"chunk_tokens": _kvoffload_chunk_tokens(ctx.settings)}
+    extra = {"chunk_tokens": _kvoffload_chunk_tokens(ctx.settings), "capacity_gb": ctx.settings.disk_gb}
     extra.update(ctx.settings.extra.get("kvoffload_disk", {}))
     extra["store_dir"] = str(kvoffload_store_dir(ctx))
     config = {
@@ -146,7 +156,7 @@ def _kvoffload_disk(ctx: LaunchContext) -> ServerSpec:
 
 
 def _native_cpu(ctx: LaunchContext) -> ServerSpec:
-    size = ctx.settings.extra.get("cpu_offload_gib", 16)
+    size = ctx.settings.cpu_gib
     return ServerSpec(args=["--kv-offloading-size", str(size), "--kv-offloading-backend", "native"])
 
 
@@ -160,7 +170,7 @@ def _native_disk(ctx: LaunchContext) -> ServerSpec:
         "kv_role": "kv_both",
         "kv_connector_extra_config": {
             "spec_name": "TieringOffloadingSpec",
-            "cpu_bytes_to_use": int(float(ctx.settings.extra.get("native_disk_cpu_gib", 1)) * 2**30),
+            "cpu_bytes_to_use": int(ctx.settings.cpu_gib * 2**30),
             "secondary_tiers": [{"type": "fs", "root_dir": str(root)}],
         },
     }
@@ -173,10 +183,10 @@ def _lmcache_disk(ctx: LaunchContext) -> ServerSpec:
     config = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
     env = {
         "LMCACHE_LOCAL_DISK": f"file://{disk}/",
-        "LMCACHE_MAX_LOCAL_DISK_SIZE": str(ctx.settings.extra.get("lmcache_disk_gb", 64)),
+        "LMCACHE_MAX_LOCAL_DISK_SIZE": str(ctx.settings.disk_gb),
         "LMCACHE_LOCAL_CPU": "False",
         # LMCache stages through CPU memory even when its CPU tier is off; zero breaks the disk tier.
-        "LMCACHE_MAX_LOCAL_CPU_SIZE": str(ctx.settings.extra.get("lmcache_cpu_gb", 5)),
+        "LMCACHE_MAX_LOCAL_CPU_SIZE": str(ctx.settings.cpu_gib),
         "LMCACHE_CHUNK_SIZE": "256",
     }
     return ServerSpec(args=["--kv-transfer-config", json.dumps(config)], env=env)
@@ -185,7 +195,10 @@ def _lmcache_disk(ctx: LaunchContext) -> ServerSpec:
 def _empty_folder(path: Path) -> None:
     if path.is_dir():
         for child in path.iterdir():
-            if child.is_file():
+            if child.is_dir() and not child.is_symlink():
+                _empty_folder(child)
+                child.rmdir()
+            else:
                 child.unlink()
 
 
@@ -199,11 +212,15 @@ def builtin_backends() -> list[Backend]:
             needs_cuda=True,
             cuda_reason="vLLM's CPU offload raises on the CPU platform (CUDA-alike and XPU GPUs only)",
             configure=_native_cpu,
+            # vLLM 0.33's CPUOffloadingSpec stores on first sight (store_threshold defaults to 0), but a
+            # store_threshold of 2 stores only on the second lookup: prime twice to be right under both.
+            prime_requests=2,
         ),
         Backend(
             name="lmcache-disk",
             description="LMCache with a local disk tier",
-            tier="disk",
+            # vLLM's LMCacheConnectorV1 names no cache-hit source, so its hits count as external_unspecified.
+            tier="external_unspecified",
             needs_cuda=True,
             cuda_reason="LMCache 0.5.6 has no CPU connector and recomputes on vLLM's CPU build",
             configure=_lmcache_disk,
@@ -217,6 +234,10 @@ def builtin_backends() -> list[Backend]:
             needs_cuda=True,
             cuda_reason="vLLM's OffloadingConnector raises on the CPU platform (CUDA-alike and XPU GPUs only)",
             configure=_native_disk,
+            # reset_external drains the CPU tier and keeps the files (TieringOffloadingManager.reset_cache):
+            # what is left is a prefix on disk only, counted under source "disk".
+            evict_connector=True,
+            reset_tier=lambda ctx: _empty_folder(ctx.scratch / "native-disk"),
         ),
         Backend(
             name="kvoffload-disk",
@@ -235,14 +256,15 @@ def default_registry() -> BackendRegistry:
     return registry
 
 
-def with_connector_options(backend: Backend, suffix: str, **options) -> Backend:
+def with_connector_options(backend: Backend, suffix: str, server_args: tuple[str, ...] = (), **options) -> Backend:
     """A variant of a connector backend with extra kv_connector_extra_config entries and its own store.
 
-    It gets its own name (`name[suffix]`), hence its own server in the session's pool.
+    It gets its own name (`name[suffix]`), hence its own server in the session's pool. `server_args` go
+    before the user's --kv-server-arg, which therefore still win.
     """
     def configure(ctx: LaunchContext) -> ServerSpec:
         spec = backend.configure(ctx)
-        args = list(spec.args)
+        args = list(spec.args) + list(server_args)
         if "--kv-transfer-config" not in args:
             raise ValueError(f"{backend.name} configures no KV connector to pass options to")
         i = args.index("--kv-transfer-config") + 1

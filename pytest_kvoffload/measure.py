@@ -25,6 +25,21 @@ class CellOutcome:
         return [r.client_ttft_s for r in self.results]
 
 
+def place_in_tier_only(endpoint: Endpoint, backend: Backend, tokens: list[int]) -> list[RequestResult]:
+    """Leave `tokens`' prefix in the backend's tier and nowhere above it; returns the priming requests."""
+    results = []
+    for i in range(backend.prime_requests):
+        if i:
+            # A tier that stores a block only on its second lookup must see the prefix computed again.
+            endpoint.reset_prefix_cache(external=False)
+        results.append(measure(endpoint, tokens))
+    endpoint.reset_prefix_cache(external=backend.evict_connector)
+    if backend.evict_connector:
+        # vLLM holds promotions from the file tier until the reset is flushed by a step: run one.
+        stream_completion(endpoint, [1 + i for i in range(8)])
+    return results
+
+
 class CellRunner:
     """Runs the rounds of one cell; `setup` and `target` are shaped for benchmark.pedantic."""
 
@@ -54,10 +69,11 @@ class CellRunner:
         self._prompt = self.prompt("measure")
         if self.cell.state is not State.COLD:
             primer = self.prompt("prime")
-            self._record(measure(self.endpoint, primer.tokens), purpose="prime")
             if self.cell.state is State.TIER_HIT:
-                # Evict the engine's copy only: the tier keeps its, so the hit can come from nowhere else.
-                self.endpoint.reset_prefix_cache(external=False)
+                for result in place_in_tier_only(self.endpoint, self.backend, primer.tokens):
+                    self._record(result, purpose="prime")
+            else:
+                self._record(measure(self.endpoint, primer.tokens), purpose="prime")
         self._before = self.endpoint.metrics()
         return (self._prompt.tokens,), {}
 

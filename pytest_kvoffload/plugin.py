@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from . import fixtures, hookspecs, machine
+from . import distributed, fixtures, hookspecs, machine
 from .backends import default_registry
 from .cells import State, grid
 from .fixtures import SESSION_KEY
@@ -16,7 +16,7 @@ from .report import render
 from .replay_plan import build_replay_plan
 from .session import KVSession
 from .settings import (OptionError, Settings, check_fits_model, parse_backends, parse_fractions, parse_lengths,
-                       parse_disk_opts, parse_model, parse_positive_int, parse_server_args, parse_server_url)
+                       parse_disk_opts, parse_model, parse_positive_float, parse_positive_int, parse_server_args, parse_server_url)
 
 # (option, ini name, help); defaults come from the machine (see machine.py) or below.
 OPTIONS = [
@@ -29,6 +29,13 @@ OPTIONS = [
     ("--kv-server-url", "kv_server_url", "measure this running vLLM server instead of starting one"),
     ("--kv-server-timeout", "kv_server_timeout", "seconds to wait for a server's /health (default: 600)"),
     ("--kv-block-size", "kv_block_size", "KV block size in tokens passed to vLLM (default: 128 on CPU, 16 on GPU)"),
+    ("--kv-cpu-gib", "kv_cpu_gib", "CPU memory for CPU tiers (native-cpu, native-disk's first tier, LMCache's "
+                                   "staging), GiB (default: a quarter of this machine's, at most 64)"),
+    ("--kv-disk-gb", "kv_disk_gb", "capacity of disk tiers (lmcache-disk, kvoffload-disk), GB (default: half the "
+                                   "free space under --kv-results-dir, at most 256)"),
+    ("--kv-gpu-memory-utilization", "kv_gpu_memory_utilization",
+     "share of GPU memory vLLM may use, passed on CUDA only (default 0.9)"),
+    ("--kv-tensor-parallel", "kv_tensor_parallel", "GPUs per server (vLLM --tensor-parallel-size; default 1)"),
     ("--kv-trace", "kv_trace", "a Mooncake- or Bailian-style JSONL trace to replay (suites/test_trace_replay.py)"),
     ("--kv-trace-format", "kv_trace_format", "mooncake or bailian (default: detected from the first line)"),
     ("--kv-trace-tokens-per-block", "kv_trace_tokens_per_block",
@@ -44,6 +51,25 @@ OPTIONS = [
 
 def pytest_addhooks(pluginmanager):
     pluginmanager.add_hookspecs(hookspecs)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config):
+    # Under pytest-xdist each backend's tests must stay in one worker (its server, its GPUs): unless the
+    # user chose a distribution, group them (the groups are set in pytest_collection_modifyitems).
+    if getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "no":
+        config.option.dist = "loadgroup"
+    return (yield)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """xdist controller: every worker records into this session's run folder."""
+    kv = node.config.stash.get(SESSION_KEY, None)
+    if kv is not None:
+        node.workerinput[distributed.RUN_ID_KEY] = kv.run_id
+    # Workers parse the original command line again, so a dist chosen here must be handed over.
+    node.workerinput[distributed.LOADGROUP_KEY] = node.config.getvalue("dist") == "loadgroup"
 
 
 def pytest_addoption(parser):
@@ -93,6 +119,11 @@ def build_settings(config, registry) -> Settings:
         server_url=parse_server_url(_value(config, "kv_server_url", None)),
         server_args=parse_server_args(list(config.getini("kv_server_args")) + list(config.getoption("kv_server_args"))),
         server_timeout=timeout,
+        cpu_gib=parse_positive_float("--kv-cpu-gib", _value(config, "kv_cpu_gib", machine.default_cpu_gib())),
+        disk_gb=parse_positive_float("--kv-disk-gb", _value(config, "kv_disk_gb", machine.default_disk_gb(results))),
+        gpu_memory_utilization=parse_positive_float(
+            "--kv-gpu-memory-utilization", _value(config, "kv_gpu_memory_utilization", 0.9), upper=1.0),
+        tensor_parallel=parse_positive_int("--kv-tensor-parallel", _value(config, "kv_tensor_parallel", 1)),
         extra={"kvoffload_disk": parse_disk_opts(list(config.getini("kv_disk_opts")) + list(config.getoption("kv_disk_opts")),
                                                  block_size)},
     )
@@ -134,7 +165,19 @@ def pytest_configure(config):
         raise pytest.UsageError(str(exc)) from None
     if replay_plan is not None:
         options["trace"] = replay_plan.describe()
-    config.stash[SESSION_KEY] = KVSession(settings, registry, options, progress, hook=config.hook)
+    worker = distributed.worker_id(config)
+    if worker and config.workerinput.get(distributed.LOADGROUP_KEY):
+        config.option.loadgroup = True
+    devices = None
+    if worker and machine.has_cuda():
+        try:
+            devices = distributed.devices_for(worker, settings.tensor_parallel, distributed.visible_gpus())
+        except OptionError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    run_id = config.workerinput.get(distributed.RUN_ID_KEY) if worker else None
+    config.stash[SESSION_KEY] = KVSession(settings, registry, options, progress, hook=config.hook, run_id=run_id,
+                                          worker=worker, devices=devices,
+                                          controller=distributed.is_controller(config))
     config.stash[SESSION_KEY].replay_plan = replay_plan
     config.pluginmanager.register(fixtures, "kvoffload-fixtures")
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
@@ -175,14 +218,18 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("kv_fraction", list(settings.fractions), ids=[f"f{f:g}" for f in settings.fractions])
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
-    """Tier-hit cells of a backend without an offload tier have nothing to measure: deselect them."""
+    """Tier-hit cells of a backend without an offload tier have nothing to measure: deselect them.
+    Every test of a backend joins that backend's xdist group (one server, in one worker)."""
     session = config.stash[SESSION_KEY]
     keep, drop = [], []
     for item in items:
         callspec = getattr(item, "callspec", None)
         params = callspec.params if callspec else {}
         cell, name = params.get("kv_cell"), params.get("kv_backend")
+        if name is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(name))
         if cell is not None and name in session.registry and cell.state is State.TIER_HIT \
                 and session.registry.get(name).tier is None:
             drop.append(item)
@@ -191,6 +238,11 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_xdist_groups(config, items):
+    distributed.group_node_ids(config, items)
 
 
 def pytest_sessionfinish(session, exitstatus):

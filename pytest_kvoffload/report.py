@@ -106,7 +106,7 @@ def break_even_lines(analysis: dict) -> list[str]:
 
 def admission_decisions(measurements: list[dict], backend: str) -> str | None:
     """One line on the connector's admission rule for a backend, when it made any decisions."""
-    totals = {"admitted": 0.0, "declined": 0.0, "tokens": 0.0}
+    totals = {"admitted": 0.0, "declined": 0.0, "tokens": 0.0, "queued": 0.0}
     for m in measurements:
         if m.get("backend") != backend:
             continue
@@ -114,7 +114,9 @@ def admission_decisions(measurements: list[dict], backend: str) -> str | None:
         totals["admitted"] += c.get("kvoffload:loads_admitted_total", 0.0)
         totals["declined"] += c.get("kvoffload:loads_declined_total", 0.0)
         totals["tokens"] += c.get("kvoffload:tokens_declined_total", 0.0)
+        totals["queued"] += c.get("kvoffload:loads_admitted_queued_total", 0.0)
     if not totals["admitted"] and not totals["declined"]:
         return None
-    return (f"admission: {totals['admitted']:.0f} loads admitted, {totals['declined']:.0f} declined "
+    queued = f" ({totals['queued']:.0f} of them only because the request queued anyway)" if totals["queued"] else ""
+    return (f"admission: {totals['admitted']:.0f} loads admitted{queued}, {totals['declined']:.0f} declined "
             f"({totals['tokens']:,.0f} tokens recomputed instead)")

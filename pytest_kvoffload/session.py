@@ -12,6 +12,7 @@ from . import environment, machine
 from .analysis import analyse
 from .backends import Backend, BackendRegistry, LaunchContext, server_command
 from .calibration import build_calibration, write_calibration
+from .distributed import merge_runs, worker_records
 from .plots import write_all
 from .records import RunWriter, write_cells_csv
 from .report import render
@@ -28,14 +29,19 @@ def make_run_id(model: str, when: float | None = None) -> str:
 
 class KVSession:
     def __init__(self, settings: Settings, registry: BackendRegistry, options: dict,
-                 progress: Callable[[str], None] = print, hook=None) -> None:
+                 progress: Callable[[str], None] = print, hook=None, run_id: str | None = None,
+                 worker: str | None = None, devices: str | None = None, controller: bool = False) -> None:
         self.settings = settings
         self.registry = registry
         self.options = options
         self.progress = progress
         self.hook = hook
         self.replay_plan = None  # set by the plugin when --kv-trace is given
-        self.run_id = make_run_id(settings.model.name)
+        self.run_id = run_id or make_run_id(settings.model.name)
+        # Under pytest-xdist (distributed.py): a worker's id and GPUs, or the controller that merges.
+        self.worker = worker
+        self.devices = devices
+        self.controller = controller
         # Part of every prompt's key, so a rerun against a long-lived server cannot hit last run's cache.
         self.salt = self.run_id
         self.pool = ServerPool(max_running=1 if machine.has_cuda() else 2)
@@ -46,10 +52,16 @@ class KVSession:
     def writer(self) -> RunWriter:
         if self._writer is None:
             run_dir = self.settings.results_dir / self.run_id
+            if self.worker:
+                run_dir = run_dir / "workers" / self.worker
             env = environment.describe()
             run_dir.mkdir(parents=True, exist_ok=True)
             env["drive"] = environment.drive(run_dir)
+            if self.devices is not None:
+                env["cuda_visible_devices"] = self.devices
             self._writer = RunWriter(run_dir, self.run_id, self.options, env)
+            if self.worker:
+                self._writer.set("worker", self.worker)
             for name in self.settings.backends:
                 self._writer.set_backend(name, "selected", description=self.registry.get(name).description)
         return self._writer
@@ -73,7 +85,12 @@ class KVSession:
 
         def factory() -> VllmServer:
             port = free_port()
-            argv, env = server_command(backend, self.context(backend), port)
+            context = self.context(backend)
+            if backend.reset_tier is not None:
+                backend.reset_tier(context)  # a tier that survives resets starts empty
+            argv, env = server_command(backend, context, port)
+            if self.devices is not None:
+                env["CUDA_VISIBLE_DEVICES"] = self.devices
             self.progress(f"starting vLLM for {backend.name} on port {port}; log {self.run_dir / 'logs'}")
             return VllmServer(backend.name, argv, env, port, self.run_dir / "logs" / f"{backend.name}.log",
                               self.settings.model.name)
@@ -103,6 +120,13 @@ class KVSession:
 
     def finish(self, interrupted: bool) -> None:
         self.pool.stop_all()
+        if self.controller:
+            runs = worker_records(self.settings.results_dir / self.run_id)
+            if not runs:
+                return
+            self.writer.data = merge_runs(runs, self.writer.data)
+            if any(run.get("status") != "complete" for run in runs):
+                interrupted = True
         if self._writer is None:
             return
         for name, entry in self._writer.data["backends"].items():
@@ -113,6 +137,10 @@ class KVSession:
         tiers = {name: self.registry.get(name).tier for name in self.registry.names() if self.registry.get(name).tier}
         analysis = analyse(cells, self.settings.model.kv_bytes_per_token(), tiers)
         self._writer.finish(status, cells, analysis)
+        if self.worker:
+            # The controller merges every worker's record and writes the run's files from the whole.
+            shutil.rmtree(self._writer.run_dir / "scratch", ignore_errors=True)
+            return
         calibration = build_calibration(analysis, self.settings, self._writer.data["environment"])
         if calibration["tiers"]:
             write_calibration(self._writer.run_dir / "calibration.json", calibration)

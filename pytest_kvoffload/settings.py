@@ -28,6 +28,11 @@ class Settings:
     server_timeout: float = 600.0
     seed: int = 0
     extra: dict = field(default_factory=dict)
+    # Sizes of the tiers and of the engine: --kv-cpu-gib, --kv-disk-gb, --kv-gpu-memory-utilization.
+    cpu_gib: float = 16.0
+    disk_gb: float = 64.0
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel: int = 1
 
     @property
     def max_model_len(self) -> int:
@@ -86,6 +91,17 @@ def parse_positive_int(option: str, value: str) -> int:
         raise OptionError(f"{option} {value!r}: expected a whole number of at least 1") from None
     if number < 1:
         raise OptionError(f"{option} {value!r}: expected a whole number of at least 1")
+    return number
+
+
+def parse_positive_float(option: str, value, upper: float | None = None) -> float:
+    limit = f" and at most {upper:g}" if upper is not None else ""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise OptionError(f"{option} {value!r}: expected a number above 0{limit}") from None
+    if not number > 0 or (upper is not None and number > upper):
+        raise OptionError(f"{option} {value!r}: expected a number above 0{limit}")
     return number
 
 

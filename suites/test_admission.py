@@ -6,6 +6,11 @@ calibration file. That same grid is the negative control: it must contain cells 
 slower than recompute, and the check must flag them. Then a server with admission on runs the grid,
 and in every cell the hit, compared with a cold request taken beside it in each round, must not be
 slower beyond the noise of those ratios measured in the same run.
+
+Last, the same server (queue-aware rule) sees each probe arrive behind a fresh prompt two steps long: a
+load that finishes while the probe would wait for that prefill anyway is admitted even where the static
+threshold declines it. The figures say how many loads each rule admits and whether those extra loads
+were useful (a hit faster than the cold probe beside it); the check is again that none made a hit slower.
 """
 
 import numpy as np
@@ -14,10 +19,11 @@ import pytest
 from pytest_kvoffload import machine
 from pytest_kvoffload.analysis import analyse
 from pytest_kvoffload.backends import with_connector_options
+from pytest_kvoffload.burst import background_length, queued_behind
 from pytest_kvoffload.calibration import build_calibration, write_calibration
 from pytest_kvoffload.cells import Cell, State
-from pytest_kvoffload.measure import CellRunner
-from pytest_kvoffload.prompts import expected_cached, prefix_length
+from pytest_kvoffload.measure import CellRunner, place_in_tier_only
+from pytest_kvoffload.prompts import expected_cached, make_prompt, prefix_length
 from pytest_kvoffload.stats import cell_table
 
 pytestmark = pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
@@ -27,6 +33,10 @@ NOISE_FLOOR = 0.03
 
 def slow_gbps(settings) -> float:
     return float(settings.extra.get("slow_drive_gbps") or machine.defaults()["slow_drive_gbps"])
+
+
+def step_tokens() -> int:
+    return int(machine.defaults()["step_tokens"])
 
 
 def run_grid(kv_session, backend, rounds):
@@ -78,7 +88,9 @@ def grids(kv_session, kv_backend):
     settings = kv_session.settings
     rounds = max(7, settings.rounds)
     gbps = slow_gbps(settings)
-    slow = with_connector_options(kv_backend, "slow", read_gbps=gbps)
+    # A known step budget, the same for calibration and guarded runs, lets the burst know its queue.
+    budget = ("--max-num-batched-tokens", str(step_tokens()))
+    slow = with_connector_options(kv_backend, "slow", server_args=budget, read_gbps=gbps)
     control = run_grid(kv_session, slow, rounds)
     kv_session.pool.release(slow.name)
     cells = [c for c in cell_table(kv_session.writer.data["measurements"]) if c["backend"] == slow.name]
@@ -87,10 +99,85 @@ def grids(kv_session, kv_backend):
     calibration["tiers"]["kvoffload-disk"] = calibration["tiers"].pop(slow.name)
     path = kv_session.run_dir / "admission-calibration.json"
     write_calibration(path, calibration)
-    admitted = with_connector_options(kv_backend, "admission", read_gbps=gbps, calibration=str(path))
+    admitted = with_connector_options(kv_backend, "admission", server_args=budget, read_gbps=gbps,
+                                      calibration=str(path), admission="queue")
     guarded = run_grid(kv_session, admitted, rounds)
+    bursts = run_bursts(kv_session, admitted, max(5, settings.rounds))
     kv_session.pool.release(admitted.name)
-    return {"control": control, "guarded": guarded, "gbps": gbps, "calibration": calibration}
+    kv_session.add_benchmark("admission behind a queue", burst_table(bursts), {"cells": [
+        {"length": length, "fraction": fraction, **{k: v for k, v in cell.items()}}
+        for (length, fraction), cell in sorted(bursts.items())]})
+    return {"control": control, "guarded": guarded, "bursts": bursts, "gbps": gbps, "calibration": calibration}
+
+
+def run_bursts(kv_session, backend, rounds):
+    """Per cell and round: the probe with its prefix only on disk, then a cold probe, each behind a fresh
+    prompt two steps long. A declined load is recomputed, so the cold probe is what the static rule does
+    whenever it declines."""
+    settings = kv_session.settings
+    endpoint = kv_session.endpoint(backend)
+    granularity = backend.granularity(settings)
+    background = background_length(step_tokens(), settings.max_model_len, settings.block_size)
+    cells: dict = {}
+    for r in range(rounds):
+        for length in settings.lengths:
+            for fraction in settings.fractions:
+                expected = expected_cached(prefix_length(length, fraction), length, settings.block_size, granularity)
+                if not expected:
+                    continue
+                salt = f"{kv_session.salt}|burst|{length}|{fraction}|{r}"
+
+                def prompt(n, f, variant, tag):
+                    return make_prompt(n, f, seed=settings.seed, salt=f"{salt}|{tag}", variant=variant,
+                                       vocab_size=settings.model.vocab_size).tokens
+
+                for primed in place_in_tier_only(endpoint, backend, prompt(length, fraction, "prime", "probe")):
+                    kv_session.record(burst_record(backend, length, fraction, r, "prime", primed))
+                hit = queued_behind(endpoint, prompt(background, 0.0, "", "bg-hit"),
+                                    prompt(length, fraction, "measure", "probe"))
+                cold = queued_behind(endpoint, prompt(background, 0.0, "", "bg-cold"),
+                                     prompt(length, 0.0, "measure", "cold"))
+                cell = cells.setdefault((length, fraction), {"rounds": [], "expected_disk_tokens": expected,
+                                                             "background_tokens": background})
+                c = hit.connector
+                cell["rounds"].append({
+                    "hit_s": hit.probe.client_ttft_s, "cold_s": cold.probe.client_ttft_s,
+                    "disk_tokens": hit.cached_by_source.get("disk", 0),
+                    "admitted": bool(c.get("kvoffload:loads_admitted_total")),
+                    "queued": bool(c.get("kvoffload:loads_admitted_queued_total")),
+                    "declined": bool(c.get("kvoffload:loads_declined_total")),
+                })
+                for state, outcome in (("tier-hit", hit), ("cold", cold)):
+                    record = burst_record(backend, length, fraction, r, "burst", outcome.probe)
+                    record.update(state=state, cached_by_source=outcome.cached_by_source,
+                                  connector=outcome.connector, background_ttft_s=outcome.background.client_ttft_s)
+                    kv_session.record(record)
+    return cells
+
+
+def burst_record(backend, length, fraction, r, purpose, result) -> dict:
+    record = {"backend": backend.name, "length": length, "fraction": fraction, "state": "tier-hit", "round": r,
+              "purpose": purpose, **result.to_dict()}
+    record.pop("output_token_ids", None)
+    return record
+
+
+def burst_table(cells) -> str:
+    rows = ["length  cached  loads admitted: static  queue  useful   hit ms  cold ms  hit/cold",
+            "(each probe behind a fresh {:,}-token prompt; useful: admitted and faster than the cold probe beside it)"
+            .format(next(iter(cells.values()))["background_tokens"]) if cells else ""]
+    for (length, fraction), cell in sorted(cells.items()):
+        rs = cell["rounds"]
+        n = len(rs)
+        admitted = sum(r["admitted"] for r in rs)
+        static = admitted - sum(r["queued"] for r in rs)
+        useful = sum(r["admitted"] and r["hit_s"] < r["cold_s"] for r in rs)
+        hit = float(np.median([r["hit_s"] for r in rs]))
+        cold = float(np.median([r["cold_s"] for r in rs]))
+        ratio = float(np.median([r["hit_s"] / r["cold_s"] for r in rs]))
+        rows.append(f"{length:<7} {fraction:<7g} {static}/{n:<21} {admitted}/{n:<4} {useful}/{n:<5} "
+                    f"{hit * 1e3:<8.0f} {cold * 1e3:<8.0f} {ratio:.2f}")
+    return "\n".join(rows)
 
 
 def test_negative_control_finds_hits_slower_than_recompute(grids):
@@ -112,3 +199,18 @@ def test_declined_loads_move_no_disk_tokens(kv_session, grids):
     assert all(m["cached_by_source"].get("disk", 0) == 0 for m in declined)
     admitted = [m for m in measured if m["connector"].get("kvoffload:loads_admitted_total")]
     assert all(m["cached_by_source"].get("disk", 0) > 0 for m in admitted)
+
+
+def test_queue_aware_admission_never_makes_a_hit_slower_than_recompute(grids):
+    pairs = {cell: [(r["hit_s"], r["cold_s"]) for r in c["rounds"]] for cell, c in grids["bursts"].items()}
+    found = violations(pairs)
+    assert not found, "behind a long prefill, with the queue-aware rule: " + "; ".join(found)
+
+
+def test_queued_probes_load_exactly_what_was_admitted(grids):
+    for (length, fraction), cell in grids["bursts"].items():
+        for i, r in enumerate(cell["rounds"]):
+            want = cell["expected_disk_tokens"] if r["admitted"] else 0
+            assert r["disk_tokens"] == want, (f"{length} tokens, {fraction:g} cached, round {i}: "
+                                              f"{r['disk_tokens']} disk tokens, expected {want} "
+                                              f"({'admitted' if r['admitted'] else 'declined'})")

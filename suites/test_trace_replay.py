@@ -17,6 +17,10 @@ from pytest_kvoffload.stats import cell_table
 
 NAME = "trace replay"
 
+# Under pytest-xdist every backend replays in one worker, on the same GPUs, one after another: the
+# comparison with gpu-only is then between servers on the same hardware.
+pytestmark = pytest.mark.xdist_group("trace-replay")
+
 
 def _settled(endpoint, before, prompt_tokens, deadline_s=30.0):
     end = time.monotonic() + deadline_s

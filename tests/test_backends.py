@@ -41,18 +41,19 @@ def test_kvoffload_disk_loads_our_connector_by_module_path(tmp_path):
     assert config["kv_connector_module_path"] == "pytest_kvoffload.connector"
     assert config["kv_role"] == "kv_both"
     assert config["kv_load_failure_policy"] == "recompute"
-    assert config["kv_connector_extra_config"] == {"store_dir": str(tmp_path / "kv-store"), "chunk_tokens": 256}
+    assert config["kv_connector_extra_config"] == {"store_dir": str(tmp_path / "kv-store"), "chunk_tokens": 256,
+                                                   "capacity_gb": 64.0}
 
 
 def test_kvoffload_disk_options_pass_through(tmp_path):
     argv, _ = command("kvoffload-disk", tmp_path, extra={"kvoffload_disk": {"store_dir": "/nvme/kv", "read_gbps": 6}})
     extra = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
-    assert extra == {"store_dir": "/nvme/kv", "read_gbps": 6, "chunk_tokens": 256}
+    assert extra == {"store_dir": "/nvme/kv", "read_gbps": 6, "chunk_tokens": 256, "capacity_gb": 64.0}
 
 
 def test_native_cpu_uses_vllm_offloading_flags(tmp_path):
-    argv, _ = command("native-cpu", tmp_path, extra={"cpu_offload_gib": 32})
-    assert argv[argv.index("--kv-offloading-size") + 1] == "32"
+    argv, _ = command("native-cpu", tmp_path, cpu_gib=32.0)
+    assert argv[argv.index("--kv-offloading-size") + 1] == "32.0"
     assert argv[argv.index("--kv-offloading-backend") + 1] == "native"
 
 
@@ -62,6 +63,9 @@ def test_lmcache_disk_environment(tmp_path):
         "kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
     assert env["LMCACHE_LOCAL_DISK"] == f"file://{tmp_path / 'lmcache-disk'}/"
     assert float(env["LMCACHE_MAX_LOCAL_DISK_SIZE"]) > 0 and float(env["LMCACHE_MAX_LOCAL_CPU_SIZE"]) > 0
+    argv, env = command("lmcache-disk", tmp_path, cpu_gib=8.0, disk_gb=500.0)
+    assert (env["LMCACHE_MAX_LOCAL_CPU_SIZE"], env["LMCACHE_MAX_LOCAL_DISK_SIZE"]) == ("8.0", "500.0")
+    assert env["LMCACHE_LOCAL_CPU"] == "False" and env["LMCACHE_CHUNK_SIZE"] == "256"
 
 
 def test_extra_server_arguments_come_last(tmp_path):
@@ -100,7 +104,7 @@ def test_connector_variant_gets_its_own_name_store_and_options(tmp_path):
 
 
 def test_native_disk_uses_vllm_tiering_with_an_fs_tier(tmp_path):
-    argv, _ = command("native-disk", tmp_path)
+    argv, _ = command("native-disk", tmp_path, cpu_gib=1.0)
     config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert config["kv_connector"] == "OffloadingConnector"
     extra = config["kv_connector_extra_config"]
@@ -113,3 +117,57 @@ def test_native_disk_spec_and_tier_exist_in_the_installed_vllm():
     from vllm.v1.kv_offload.tiering import factory
     from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: F401
     assert "\"fs\"" in Path(factory.__file__).read_text()
+
+
+def test_tier_labels_and_tier_only_recipes_follow_vllm():
+    registry = default_registry()
+    # vLLM counts hits by the connector's _cache_hit_source; LMCacheConnectorV1 sets none.
+    assert {n: registry.get(n).tier for n in registry.names()} == {
+        "gpu-only": None, "native-cpu": "host", "lmcache-disk": "external_unspecified", "native-disk": "disk",
+        "kvoffload-disk": "disk"}
+    assert registry.get("native-cpu").prime_requests == 2
+    assert registry.get("native-disk").evict_connector and not registry.get("native-cpu").evict_connector
+    assert registry.get("lmcache-disk").reset_tier and registry.get("native-disk").reset_tier
+
+
+def test_reset_tier_empties_nested_folders(tmp_path):
+    folder = tmp_path / "native-disk"
+    (folder / "a" / "b").mkdir(parents=True)
+    (folder / "a" / "b" / "block.bin").write_bytes(b"x")
+    (folder / "top.bin").write_bytes(b"x")
+    default_registry().get("native-disk").reset_tier(LaunchContext(settings(), tmp_path))
+    assert folder.is_dir() and not any(folder.iterdir())
+
+
+def test_cuda_servers_get_memory_utilization_and_tensor_parallelism(tmp_path, monkeypatch):
+    from pytest_kvoffload import machine
+    argv, _ = command("gpu-only", tmp_path, tensor_parallel=2)
+    assert "--gpu-memory-utilization" not in argv  # the CPU build has no GPU memory to share
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    monkeypatch.setattr(machine, "has_cuda", lambda: True)
+    argv, _ = command("gpu-only", tmp_path, gpu_memory_utilization=0.8)
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.8" and "--tensor-parallel-size" not in argv
+
+
+@pytest.fixture(scope="module")
+def vllm_parser():
+    pytest.importorskip("vllm")
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return make_arg_parser(FlexibleArgumentParser())
+
+
+@pytest.mark.parametrize("name", ["gpu-only", "native-cpu", "lmcache-disk", "native-disk", "kvoffload-disk"])
+def test_every_backend_command_parses_with_the_installed_vllm(vllm_parser, tmp_path, monkeypatch, name):
+    from pytest_kvoffload import machine
+    monkeypatch.setattr(machine, "has_cuda", lambda: True)  # the CUDA command line, flags included
+    argv, _ = command(name, tmp_path, tensor_parallel=2, server_args=("--max-num-batched-tokens", "2048"))
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    args = vllm_parser.parse_args(argv[3:])
+    assert args.tensor_parallel_size == 2 and args.gpu_memory_utilization == 0.9
+    assert args.max_num_batched_tokens == 2048 and args.enable_prefix_caching
+    if name == "native-cpu":
+        assert (args.kv_offloading_size, args.kv_offloading_backend) == (16.0, "native")
+    elif name != "gpu-only":
+        assert args.kv_transfer_config.kv_role == "kv_both"

@@ -83,3 +83,38 @@ def test_online_bandwidth_replaces_the_calibrated_one_after_a_few_loads():
     assert admit.predicted(4000, 0)[0] == pytest.approx(0.03 + 4000 * 4096 / 1e9)
     assert admit(1024, 1100, 0)  # at the drive's real speed the same prefix pays
     assert counters.drain()["online_read_gbps"] == pytest.approx(1.0)
+
+
+def test_static_mode_ignores_the_online_estimate():
+    admit = Admission(TIER, 4096, Counters(), mode="static")
+    calibrated = admit.predicted(4000, 0)[0]
+    for _ in range(5):
+        admit.observe(16e6, 0.016)
+    assert admit.predicted(4000, 0)[0] == calibrated
+
+
+def test_queue_mode_counts_a_load_hidden_behind_queued_prefill_as_free():
+    counters = Counters()
+    admit = Admission(TIER, 4096, counters, mode="queue")
+    # 1,024 tokens: 30 + 168 ms of load against 123 ms of recompute: declined when nothing is ahead ...
+    assert not admit(1024, 1100, 0)
+    assert not admit(1024, 1100, 0, ahead=[(2048, 2048)])  # finished prefills are no queue
+    # ... admitted when 2,000 tokens of another request's prefill run first (about 120 ms of queue).
+    ahead = [(2048, 4048)]
+    wait = admit.queue_wait(ahead)
+    assert wait == pytest.approx(admit.recompute(4048) - admit.recompute(2048))
+    assert admit(1024, 1100, 0, ahead=ahead)
+    c = counters.drain()
+    assert c["loads_admitted_queued"] == 1 and c["loads_declined"] == 2
+    # Loads already in flight go first on the drive: the same queue no longer hides this one.
+    assert not admit(1024, 1100, 0, ahead=ahead, loading_tokens=4000)
+
+
+def test_static_mode_gives_no_credit_for_queueing():
+    admit = Admission(TIER, 4096, Counters(), mode="static")
+    assert not admit(1024, 1100, 0, ahead=[(2048, 4048)])
+
+
+def test_unknown_admission_mode_is_refused():
+    with pytest.raises(ValueError, match="admission mode 'fast': expected one of static, online, queue"):
+        Admission(TIER, 4096, Counters(), mode="fast")

@@ -21,6 +21,10 @@ def cpu_machine(monkeypatch):
     (["--kv-model=/no/such/model"], "--kv-model '/no/such/model': no such folder"),
     (["--kv-rounds=0"], "--kv-rounds '0': expected a whole number of at least 1"),
     (["--kv-server-url=localhost"], "--kv-server-url 'localhost'"),
+    (["--kv-gpu-memory-utilization=1.5"], "--kv-gpu-memory-utilization '1.5': expected a number above 0 and at most 1"),
+    (["--kv-cpu-gib=lots"], "--kv-cpu-gib 'lots': expected a number above 0"),
+    (["--kv-disk-gb=-1"], "--kv-disk-gb '-1': expected a number above 0"),
+    (["--kv-tensor-parallel=0"], "--kv-tensor-parallel '0': expected a whole number of at least 1"),
 ])
 def test_bad_option_is_a_usage_error_before_any_server(pytester, args, message):
     pytester.makepyfile(USES_BACKEND)

@@ -201,6 +201,7 @@ def test_config_from_extra():
     ({"store_dir": "/x", "chunk_tokens": 100}, "multiple of the block size 128"),
     ({"store_dir": "/x", "bogus": 1}, "unknown option"),
     ({"store_dir": "/x", "read_gbps": 0}, "read_gbps"),
+    ({"store_dir": "/x", "admission": "eager"}, "admission 'eager' must be 'static', 'online' or 'queue'"),
 ])
 def test_config_errors_name_the_option(extra, match):
     with pytest.raises(ConnectorConfigError, match=match):

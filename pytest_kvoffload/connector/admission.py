@@ -4,24 +4,40 @@ load cost      t_fixed + tokens x B / bw                         (the tier's cal
 recompute cost t(local + tokens) - t(local)                      (the calibrated recompute curve)
 A declined prefix is recomputed: the answer is the same, only the time differs.
 
-Beyond the static threshold, bw follows the connector's own loads once it has seen a few: an
-exponentially weighted average of delivered bytes per wall second, so a drive that got slower (or a
-store moved to a faster one) changes the decisions without recalibrating.
+Modes (connector option `admission`):
+- static: the seed's threshold, with the calibrated bandwidth.
+- online: bw follows the connector's own loads once it has seen a few (an exponentially weighted
+  average of delivered bytes per wall second), so a drive that got slower, or a store moved to a faster
+  one, changes the decisions without recalibrating.
+- queue (default): online, and a load that finishes while the request would be queued anyway is free.
+  In a fluid model of a FCFS engine with W seconds of prefill work ahead of the request, recompute ends
+  at W + t(p) + t(s) and a load of L seconds at max(L, W) + t(s): the load pays when L - W <= t(p).
+  W counts only the running requests' remaining prefill (their decodes and the step overhead would make
+  it larger), and L counts the loads already in flight ahead of this one: both err towards recompute.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from typing import Iterable
 
 from ..analysis import RecomputeFit
 from .stats import Counters
 
 log = logging.getLogger("pytest_kvoffload.connector")
 
+MODES = ("static", "online", "queue")
+
 
 class Admission:
-    def __init__(self, tier: dict, kv_bytes_per_token: int, counters: Counters) -> None:
+    ONLINE_AFTER = 3  # loads seen before the online estimate replaces the calibrated bandwidth
+    WEIGHT = 0.3
+
+    def __init__(self, tier: dict, kv_bytes_per_token: int, counters: Counters, mode: str = "queue") -> None:
+        if mode not in MODES:
+            raise ValueError(f"admission mode {mode!r}: expected one of {', '.join(MODES)}")
+        self.mode = mode
         self.recompute = RecomputeFit(**tier["recompute"])
         gbps = tier.get("bandwidth_gbps")
         self.seconds_per_token = 0.0 if not gbps else kv_bytes_per_token / (gbps * 1e9)
@@ -30,9 +46,6 @@ class Admission:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.online_bps: float | None = None
         self.samples = 0
-
-    ONLINE_AFTER = 3  # loads seen before the online estimate replaces the calibrated bandwidth
-    WEIGHT = 0.3
 
     def observe(self, nbytes: float, seconds: float) -> None:
         """One finished load's delivered bandwidth."""
@@ -43,24 +56,38 @@ class Admission:
         self.samples += 1
         self.counters.set("online_read_gbps", self.online_bps / 1e9)
 
+    @property
+    def online(self) -> bool:
+        return self.mode != "static" and self.samples >= self.ONLINE_AFTER and bool(self.online_bps)
+
     def transfer_seconds_per_token(self) -> float:
-        if self.samples >= self.ONLINE_AFTER and self.online_bps:
-            return self.kv_bytes_per_token / self.online_bps
-        return self.seconds_per_token
+        return self.kv_bytes_per_token / self.online_bps if self.online else self.seconds_per_token
 
     def predicted(self, load_tokens: int, local_tokens: int) -> tuple[float, float]:
         load = self.fixed_s + load_tokens * self.transfer_seconds_per_token()
         recompute = self.recompute(local_tokens + load_tokens) - self.recompute(local_tokens)
         return load, recompute
 
-    def __call__(self, load_tokens: int, prompt_tokens: int, local_tokens: int) -> bool:
+    def queue_wait(self, ahead: Iterable[tuple[int, int]]) -> float:
+        """Seconds of prefill the engine runs before this request's own: (computed, prompt) per running request."""
+        return sum(max(0.0, self.recompute(total) - self.recompute(done)) for done, total in ahead if total > done)
+
+    def __call__(self, load_tokens: int, prompt_tokens: int, local_tokens: int,
+                 ahead: Iterable[tuple[int, int]] = (), loading_tokens: int = 0) -> bool:
         load, recompute = self.predicted(load_tokens, local_tokens)
-        admit = load < recompute or math.isclose(load, recompute)
+        wait = 0.0
+        if self.mode == "queue":
+            load += loading_tokens * self.transfer_seconds_per_token()
+            wait = self.queue_wait(ahead)
+        admit = load - wait < recompute or math.isclose(load - wait, recompute)
         self.counters.add("loads_admitted" if admit else "loads_declined")
         if not admit:
             self.counters.add("tokens_declined", load_tokens)
+        elif load > recompute and not math.isclose(load, recompute):
+            # Only the time it would have queued anyway makes this load pay: the static rule declines it.
+            self.counters.add("loads_admitted_queued")
         log.info("kvoffload admission: %s %d of %d prompt tokens (%d already local): predicted load %.1f ms "
-                 "(%s bandwidth), recompute %.1f ms", "load" if admit else "decline", load_tokens, prompt_tokens,
-                 local_tokens, load * 1e3, "online" if self.samples >= self.ONLINE_AFTER else "calibrated",
-                 recompute * 1e3)
+                 "(%s bandwidth), recompute %.1f ms, queued anyway %.1f ms", "load" if admit else "decline",
+                 load_tokens, prompt_tokens, local_tokens, load * 1e3, "online" if self.online else "calibrated",
+                 recompute * 1e3, wait * 1e3)
         return admit

@@ -29,12 +29,14 @@ class ConnectorConfig:
     # async: the request waits in the scheduler while I/O threads read (hides loads behind queueing);
     # sync: the step that computes the request loads first (no extra scheduler round trips).
     load_mode: str = "async"
+    admission: str = "queue"  # static | online | queue: see admission.py
 
     @classmethod
     def from_extra(cls, extra: dict, block_size: int) -> "ConnectorConfig":
-        """Keys: store_dir, capacity_gb, chunk_tokens, io_threads, direct_io, read_gbps, calibration, load_mode."""
+        """Keys: store_dir, capacity_gb, chunk_tokens, io_threads, direct_io, read_gbps, calibration, load_mode,
+        admission."""
         known = {"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps", "calibration",
-                 "load_mode"}
+                 "load_mode", "admission"}
         unknown = set(extra) - known
         if unknown:
             raise ConnectorConfigError(
@@ -59,6 +61,10 @@ class ConnectorConfig:
         load_mode = str(extra.get("load_mode", "async"))
         if load_mode not in ("async", "sync"):
             raise ConnectorConfigError(f"kvoffload connector: load_mode {load_mode!r} must be 'async' or 'sync'")
+        admission = str(extra.get("admission", "queue"))
+        if admission not in ("static", "online", "queue"):
+            raise ConnectorConfigError(
+                f"kvoffload connector: admission {admission!r} must be 'static', 'online' or 'queue'")
         direct = extra.get("direct_io", True)
         if isinstance(direct, str):
             direct = direct.lower() not in ("0", "false", "no", "off")
@@ -71,4 +77,5 @@ class ConnectorConfig:
             read_bytes_per_s=float(read_gbps) * 1e9 if read_gbps is not None else None,
             calibration=Path(extra["calibration"]) if extra.get("calibration") else None,
             load_mode=load_mode,
+            admission=admission,
         )

@@ -96,10 +96,10 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
         actual = server_fingerprint(vllm_config)
         check_fingerprint(calibration, actual, self.config.calibration)
         tier = tier_entry(calibration)
-        log.info("kvoffload: admission rule from %s: %s GB/s, fixed %.1f ms, break-even prefix %s tokens",
-                 self.config.calibration, tier.get("bandwidth_gbps"), 1e3 * tier.get("fixed_s", 0.0),
+        log.info("kvoffload: %s admission rule from %s: %s GB/s, fixed %.1f ms, break-even prefix %s tokens",
+                 self.config.admission, self.config.calibration, tier.get("bandwidth_gbps"), 1e3 * tier.get("fixed_s", 0.0),
                  tier.get("break_even_prefix_tokens"))
-        return Admission(tier, actual["kv_bytes_per_token"], self._scheduler_counters)
+        return Admission(tier, actual["kv_bytes_per_token"], self._scheduler_counters, self.config.admission)
 
     @property
     def requires_kv_delivery(self) -> bool:

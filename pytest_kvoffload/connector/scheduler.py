@@ -24,6 +24,7 @@ class _Tracked:
     keys: list[str]
     block_ids: list[int] = field(default_factory=list)
     next_chunk: int = 0
+    computed: int = 0  # prompt tokens computed once the last scheduled step ends
     has_saves: bool = False
 
 
@@ -37,8 +38,10 @@ class SchedulerSide:
         self.seed = seed
         self.exists = exists
         self.clear = clear
-        # admit(prefix tokens to load, prompt tokens, locally cached tokens) -> load or recompute.
+        # admit(prefix tokens to load, prompt tokens, locally cached tokens, ahead=[(computed, prompt)] of
+        # the running requests, loading_tokens=tokens of loads in flight) -> load or recompute.
         self.admit = admit
+        self._loading: dict[str, int] = {}  # req_id -> tokens being loaded
         self._keys: dict[str, list[str]] = {}
         self._lookups: dict[str, int] = {}
         self._loads: list[LoadJob] = []
@@ -53,6 +56,9 @@ class SchedulerSide:
         if keys is None:
             keys = self._keys[req_id] = chunk_keys(prompt, self.chunk, self.seed)
         return keys
+
+    def _prefill_ahead(self) -> list[tuple[int, int]]:
+        return [(t.computed, len(t.prompt)) for t in self._tracked.values() if t.computed < len(t.prompt)]
 
     def _saving(self) -> set[str]:
         return set().union(*self._inflight.values()) if self._inflight else set()
@@ -72,7 +78,9 @@ class SchedulerSide:
         matched = min(stored * self.chunk, loadable)
         if matched <= num_computed_tokens:
             return 0, False
-        if self.admit is not None and not self.admit(matched - num_computed_tokens, len(prompt), num_computed_tokens):
+        if self.admit is not None and not self.admit(matched - num_computed_tokens, len(prompt), num_computed_tokens,
+                                                     ahead=self._prefill_ahead(),
+                                                     loading_tokens=sum(self._loading.values())):
             return 0, False
         self._lookups[request.request_id] = num_computed_tokens
         return matched - num_computed_tokens, self.config.load_mode == "async"
@@ -82,6 +90,8 @@ class SchedulerSide:
             return
         req_id = request.request_id
         self._attempted.add(req_id)
+        if self.config.load_mode == "async":
+            self._loading[req_id] = num_external_tokens  # until the worker reports it in finished_recving
         start = self._lookups.pop(req_id, 0)
         block_ids = blocks.get_block_ids()[0]
         keys = self._keys_for(req_id, list(request.prompt_token_ids or []))
@@ -101,6 +111,7 @@ class SchedulerSide:
             tracked = _Tracked(prompt, self._keys_for(new.req_id, prompt), list(new.block_ids[0]))
             self._tracked[new.req_id] = tracked
             done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
+            tracked.computed = done
             self._plan_saves(new.req_id, tracked, done, meta, saving)
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
@@ -113,6 +124,7 @@ class SchedulerSide:
             elif new_ids:
                 tracked.block_ids.extend(new_ids[0])
             done = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(req_id, 0)
+            tracked.computed = done
             self._plan_saves(req_id, tracked, done, meta, saving)
         return meta
 
@@ -140,6 +152,7 @@ class SchedulerSide:
         self._keys.pop(req_id, None)
         self._lookups.pop(req_id, None)
         self._attempted.discard(req_id)
+        self._loading.pop(req_id, None)
         tracked = self._tracked.pop(req_id, None)
         # True keeps the blocks alive until the worker reports the saves done (get_finished).
         return bool(tracked and tracked.has_saves), None
@@ -147,6 +160,8 @@ class SchedulerSide:
     def update_connector_output(self, connector_output) -> None:
         for req_id in connector_output.finished_sending or ():
             self._inflight.pop(req_id, None)
+        for req_id in connector_output.finished_recving or ():
+            self._loading.pop(req_id, None)
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
         observe = getattr(self.admit, "observe", None)
         if observe is not None and meta is not None:

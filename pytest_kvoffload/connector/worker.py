@@ -3,8 +3,9 @@
 Loads and saves run on I/O threads, so the forward pass never waits on the drive: a load is reported
 through get_finished while its request waits in the scheduler, and a save holds its blocks (through
 request_finished) until the file is in place. Whole blocks (kv[block_id]) are copied, which is exact
-on the CPU and GPU cache layouts alike. On CUDA, blocks are staged through pinned host memory on a
-side stream.
+on the CPU and GPU cache layouts alike (vLLM 0.33 puts the block dimension first in both).
+On CUDA each I/O thread's chunk buffer is pinned host memory, page-aligned so O_DIRECT reads and writes
+it directly, and its copies run on that thread's own stream: no staging copy, no shared stream.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 from .config import ConnectorConfig
 from .metadata import KVOffloadMetadata, KVOffloadWorkerMeta, SaveJob
 from .stats import Counters
-from .store import HEADER_SIZE, ChunkStore, Layout
+from .store import ALIGN, HEADER_SIZE, ChunkStore, Layout, padded
 
 log = logging.getLogger("pytest_kvoffload.connector")
 
@@ -45,7 +46,7 @@ class WorkerSide:
         self._finished: set[str] = set()
         self._failed_blocks: set[int] = set()
         self._cuda = False
-        self._stream = None
+        self.device = None
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.layers = list(kv_caches.values())
@@ -59,8 +60,7 @@ class WorkerSide:
         per_chunk = self.config.chunk_tokens // self.block_size
         self.layout = Layout(layers=len(self.layers), blocks=per_chunk, block_bytes=block_bytes)
         self._cuda = first.is_cuda
-        if self._cuda:
-            self._stream = torch.cuda.Stream(device=first.device)
+        self.device = first.device
         layout_text = f"{self.fingerprint}|shape={self.block_shape}|dtype={self.dtype}"
         self.store = ChunkStore(self.store_root, layout_text, self.layout, self.config.capacity_bytes,
                                 self.config.direct_io, self.config.read_bytes_per_s, self.counters)
@@ -172,8 +172,14 @@ class WorkerSide:
     def _buffer(self):
         buffer = getattr(self._local, "buffer", None)
         if buffer is None:
-            buffer = self._local.buffer = self.store.new_buffer()
+            buffer = self._local.buffer = pinned_buffer(self.layout.file_bytes) if self._cuda else self.store.new_buffer()
         return buffer
+
+    def _thread_stream(self):
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = torch.cuda.Stream(device=self.device)
+        return stream
 
     def _load_chunk(self, chunk) -> tuple[bool, float]:
         """Read one chunk and scatter its blocks into the cache; (ok, when it finished)."""
@@ -184,30 +190,34 @@ class WorkerSide:
         return True, time.perf_counter()
 
     def _scatter(self, src: torch.Tensor, index: list[int], ids: list[int]) -> None:
+        # A chunk's blocks are loaded as one run (the prefix ends inside the chunk): a slice, not a gather.
+        contiguous = index == list(range(index[0], index[0] + len(index)))
+        rows = src[:, index[0]:index[0] + len(index)] if contiguous else src[:, index]
         if self._cuda:
-            with torch.cuda.stream(self._stream):
-                staged = src[:, index].pin_memory() if not src.is_pinned() else src[:, index]
-                dst_ids = torch.tensor(ids, device=self.layers[0].device)
-                for layer, blocks in zip(self.layers, staged):
-                    layer.index_copy_(0, dst_ids, blocks.to(layer.device, non_blocking=True))
-            self._stream.synchronize()
+            stream = self._thread_stream()
+            with torch.cuda.stream(stream):
+                dst_ids = torch.tensor(ids, device=self.device)
+                for layer, blocks in zip(self.layers, rows):
+                    layer.index_copy_(0, dst_ids, blocks.to(self.device, non_blocking=True))
+            # The request is reported loaded only after this, so its first forward reads complete blocks.
+            stream.synchronize()
             return
         dst_ids = torch.tensor(ids)
-        for layer, blocks in zip(self.layers, src[:, index]):
+        for layer, blocks in zip(self.layers, rows):
             layer.index_copy_(0, dst_ids, blocks)
 
     def _save(self, job: SaveJob, ready) -> tuple[bool, float]:
         buffer = self._buffer()
         dst = self._views(buffer)
         if self._cuda:
-            ids = torch.tensor(job.block_ids, device=self.layers[0].device)
-            staging = torch.empty(dst.shape, dtype=self.dtype, pin_memory=True)
-            with torch.cuda.stream(self._stream):
-                self._stream.wait_event(ready)
+            stream = self._thread_stream()
+            with torch.cuda.stream(stream):
+                # Not before this step's forward has written the blocks (recorded on the engine's stream).
+                stream.wait_event(ready)
+                ids = torch.tensor(job.block_ids, device=self.device)
                 for i, layer in enumerate(self.layers):
-                    staging[i].copy_(layer.index_select(0, ids), non_blocking=True)
-            self._stream.synchronize()
-            dst.copy_(staging)
+                    dst[i].copy_(layer.index_select(0, ids), non_blocking=True)  # into pinned memory
+            stream.synchronize()
         else:
             ids = torch.tensor(job.block_ids)
             for i, layer in enumerate(self.layers):
@@ -218,4 +228,14 @@ class WorkerSide:
         self.pool.shutdown(wait=True, cancel_futures=False)
 
 
-__all__ = ["WorkerSide", "HEADER_SIZE"]
+def pinned_buffer(nbytes: int) -> np.ndarray:
+    """Like store.aligned_buffer, in page-locked memory: the drive and the GPU both copy it directly."""
+    size = padded(nbytes)
+    raw = torch.empty(size + ALIGN, dtype=torch.uint8, pin_memory=True)
+    offset = (-raw.data_ptr()) % ALIGN
+    array = raw[offset:offset + size].numpy()
+    array.fill(0)
+    return array
+
+
+__all__ = ["WorkerSide", "HEADER_SIZE", "pinned_buffer"]
