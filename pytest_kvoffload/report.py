@@ -95,11 +95,16 @@ def break_even_lines(analysis: dict) -> list[str]:
             f"{'resolution' if bw is None else f'{bw:.3f} GB/s'} effective, fixed {tier['fixed_s'] * 1e3:.1f} ms; "
             + ("never pays within 4M tokens" if p_star is None else
                "pays at any prefix length" if p_star <= 1 else f"pays from a {p_star:,.0f}-token prefix"))
-        rows = [[length, _gbps(need), "yes" if (bw is None or (need is not None and bw >= need)) else "no",
+        seed = tier.get("seed") or {}
+        rows = [[length, _gbps(need), _gbps(seed["gbps"][length]) if length in seed.get("gbps", {}) else "-",
+                 "yes" if (bw is None or (need is not None and bw >= need)) else "no",
                  "-" if tier["frontier"].get(length) is None else f"{tier['frontier'][length]:.2f}"]
                 for length, need in tier["break_even_gbps"].items()]
-        lines.append(tabulate(rows, headers=["length", "break-even GB/s", "tier pays", "smallest paying fraction"],
-                              disable_numparse=True))
+        lines.append(tabulate(rows, headers=["length", "break-even GB/s", "seed model GB/s", "tier pays",
+                                             "smallest paying fraction"], disable_numparse=True))
+        if seed:
+            lines.append(f"(seed model: the first-order formula, no fixed costs, at the {seed['tflops']:.3g} TFLOP/s "
+                         f"this run's cold {seed['from_tokens']:,}-token prefill achieved)")
         lines.append("")
     return lines
 

@@ -13,6 +13,7 @@ from .analysis import analyse
 from .backends import Backend, BackendRegistry, LaunchContext, server_command
 from .calibration import build_calibration, write_calibration
 from .distributed import merge_runs, worker_records
+from .estimate import seed_at_measured_speed
 from .plots import write_all
 from .records import RunWriter, write_cells_csv
 from .report import render
@@ -136,6 +137,10 @@ class KVSession:
         cells = cell_table(self._writer.data["measurements"])
         tiers = {name: self.registry.get(name).tier for name in self.registry.names() if self.registry.get(name).tier}
         analysis = analyse(cells, self.settings.model.kv_bytes_per_token(), tiers)
+        for backend, entry in analysis.items():
+            cold = {c["length"]: c["ttft"]["p50"] for c in cells if c["backend"] == backend and c["state"] == "cold"}
+            if entry.get("tier") and cold:
+                entry["tier"]["seed"] = seed_at_measured_speed(self.settings.model, cold)
         self._writer.finish(status, cells, analysis)
         if self.worker:
             # The controller merges every worker's record and writes the run's files from the whole.

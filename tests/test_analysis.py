@@ -94,3 +94,28 @@ def test_break_even_prefix_is_where_hits_pay_from_on_not_a_fixed_cost_island():
     assert tier.load_seconds(p_star, B) == pytest.approx(recompute(p_star), rel=1e-6)
     assert tier.load_seconds(p_star * 1.1, B) < recompute(p_star * 1.1)
     assert tier.load_seconds(1000, B) > recompute(1000)
+
+
+def test_seed_model_at_the_measured_prefill_speed():
+    from pytest_kvoffload.estimate import seed_at_measured_speed
+    from pytest_kvoffload.models import load_model
+
+    model = load_model("tiny-llama")
+    cold = {512: 0.05, 1024: 0.1, 4096: 0.8}
+    seed = seed_at_measured_speed(model, cold)
+    assert seed["from_tokens"] == 4096 and seed["tflops"] > 0
+    # At the length it was fitted on, the formula's prefill time is the measured one.
+    assert seed["gbps"]["4096"] == pytest.approx(model.kv_bytes_per_token() * 4096 / 0.8 / 1e9)
+    # Shorter prompts need more bandwidth per the seed (the quadratic term shrinks faster than n).
+    assert seed["gbps"]["512"] > seed["gbps"]["4096"]
+
+
+def test_report_puts_the_seed_model_beside_the_measured_break_even():
+    from pytest_kvoffload.report import break_even_lines
+
+    analysis = {"kvoffload-disk": {"tier": {
+        "source": "disk", "bandwidth_gbps": 0.5, "fixed_s": 0.03, "break_even_prefix_tokens": 900.0,
+        "break_even_gbps": {"512": 0.8, "4096": 0.2}, "frontier": {"512": None, "4096": 0.22},
+        "seed": {"tflops": 0.04, "from_tokens": 4096, "gbps": {"512": 0.3, "4096": 0.1}}}}}
+    text = "\n".join(break_even_lines(analysis))
+    assert "seed model GB/s" in text and "0.300" in text and "at the 0.04 TFLOP/s this run's cold 4,096-token" in text

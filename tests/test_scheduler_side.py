@@ -54,3 +54,14 @@ def test_lookup_sees_the_running_prefill_ahead_and_the_loads_in_flight(tmp_path)
                                               kv_connector_worker_meta=None))
     s.get_num_new_matched_tokens(request("r", 600), 0)
     assert admit.calls[-1] == (512, [], 0)
+
+
+def test_one_admission_decision_per_request(tmp_path):
+    admit = Recorder()
+    s = side(tmp_path, admit)
+    s.get_num_new_matched_tokens(request("p", 1100), 0)
+    s.get_num_new_matched_tokens(request("p", 1100), 0)  # not scheduled the first time: asked again
+    assert len(admit.calls) == 1
+    s.request_finished(request("p", 1100), [])
+    s.get_num_new_matched_tokens(request("p", 1100), 0)
+    assert len(admit.calls) == 2

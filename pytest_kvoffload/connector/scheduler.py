@@ -42,6 +42,7 @@ class SchedulerSide:
         # the running requests, loading_tokens=tokens of loads in flight) -> load or recompute.
         self.admit = admit
         self._loading: dict[str, int] = {}  # req_id -> tokens being loaded
+        self._decisions: dict[str, bool] = {}
         self._keys: dict[str, list[str]] = {}
         self._lookups: dict[str, int] = {}
         self._loads: list[LoadJob] = []
@@ -56,6 +57,14 @@ class SchedulerSide:
         if keys is None:
             keys = self._keys[req_id] = chunk_keys(prompt, self.chunk, self.seed)
         return keys
+
+    def _admitted(self, req_id: str, load: int, prompt: int, local: int) -> bool:
+        # One decision per request: vLLM asks again when it could not schedule the request, and the
+        # counters should count requests, not lookups.
+        if req_id not in self._decisions:
+            self._decisions[req_id] = self.admit(load, prompt, local, ahead=self._prefill_ahead(),
+                                                 loading_tokens=sum(self._loading.values()))
+        return self._decisions[req_id]
 
     def _prefill_ahead(self) -> list[tuple[int, int]]:
         return [(t.computed, len(t.prompt)) for t in self._tracked.values() if t.computed < len(t.prompt)]
@@ -78,9 +87,8 @@ class SchedulerSide:
         matched = min(stored * self.chunk, loadable)
         if matched <= num_computed_tokens:
             return 0, False
-        if self.admit is not None and not self.admit(matched - num_computed_tokens, len(prompt), num_computed_tokens,
-                                                     ahead=self._prefill_ahead(),
-                                                     loading_tokens=sum(self._loading.values())):
+        if self.admit is not None and not self._admitted(request.request_id, matched - num_computed_tokens,
+                                                         len(prompt), num_computed_tokens):
             return 0, False
         self._lookups[request.request_id] = num_computed_tokens
         return matched - num_computed_tokens, self.config.load_mode == "async"
@@ -153,6 +161,7 @@ class SchedulerSide:
         self._lookups.pop(req_id, None)
         self._attempted.discard(req_id)
         self._loading.pop(req_id, None)
+        self._decisions.pop(req_id, None)
         tracked = self._tracked.pop(req_id, None)
         # True keeps the blocks alive until the worker reports the saves done (get_finished).
         return bool(tracked and tracked.has_saves), None
