@@ -166,3 +166,22 @@ def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -
 
 def _finite(bps: float) -> float | None:
     return None if math.isinf(bps) else bps / 1e9
+
+
+def queue_overlap(samples: list[tuple[int, int, float, float]], recompute: RecomputeFit, load_seconds,
+                  wait_s: float) -> float | None:
+    """How much of a queue a load really hides in: 0 (the load waits its turn too) to 1 (fully hidden).
+
+    samples: (prompt length, tokens loaded, hit TTFT, cold TTFT) of probes sent behind the same long
+    prefill, with every load taken; load_seconds(tokens) the tier's calibrated load time; wait_s the
+    prefill ahead of the probe (W). In the fluid model a load that progresses at full speed for a share
+    e of W gives hit - cold = L - e W - t_p, with t_p the recompute the load replaces; so
+    e = (L - t_p - (hit - cold)) / W, the median over samples, within [0, 1].
+    """
+    if wait_s <= 0 or not samples:
+        return None
+    shares = []
+    for length, tokens, hit, cold in samples:
+        t_p = recompute(length) - recompute(length - tokens)
+        shares.append((load_seconds(tokens) - t_p - (hit - cold)) / wait_s)
+    return float(min(1.0, max(0.0, np.median(shares))))

@@ -119,3 +119,17 @@ def test_report_puts_the_seed_model_beside_the_measured_break_even():
         "seed": {"tflops": 0.04, "from_tokens": 4096, "gbps": {"512": 0.3, "4096": 0.1}}}}}
     text = "\n".join(break_even_lines(analysis))
     assert "seed model GB/s" in text and "0.300" in text and "at the 0.04 TFLOP/s this run's cold 4,096-token" in text
+
+
+def test_queue_overlap_from_probes_behind_a_prefill():
+    from pytest_kvoffload.analysis import queue_overlap
+
+    recompute = RecomputeFit(0.0, 1e-4, 0.0)  # 0.1 ms a token
+    load = lambda tokens: 0.3  # noqa: E731
+    t_p = 1792 * 1e-4
+    # Fully hidden: hit - cold = L - W - t_p; not hidden at all: hit - cold = L - t_p.
+    assert queue_overlap([(2048, 1792, 1.0 + 0.3 - 0.5 - t_p, 1.0)], recompute, load, 0.5) == pytest.approx(1.0)
+    assert queue_overlap([(2048, 1792, 1.0 + 0.3 - t_p, 1.0)], recompute, load, 0.5) == pytest.approx(0.0)
+    assert queue_overlap([(2048, 1792, 1.0 + 0.3 - 0.25 - t_p, 1.0)] * 3, recompute, load, 0.5) == pytest.approx(0.5)
+    assert queue_overlap([(2048, 1792, 3.0, 1.0)], recompute, load, 0.5) == 0.0  # clamped
+    assert queue_overlap([], recompute, load, 0.5) is None

@@ -95,7 +95,7 @@ def test_static_mode_ignores_the_online_estimate():
 
 def test_queue_mode_counts_a_load_hidden_behind_queued_prefill_as_free():
     counters = Counters()
-    admit = Admission(TIER, 4096, counters, mode="queue")
+    admit = Admission({**TIER, "queue_overlap": 1.0}, 4096, counters, mode="queue")
     # 1,024 tokens: 30 + 168 ms of load against 123 ms of recompute: declined when nothing is ahead ...
     assert not admit(1024, 1100, 0)
     assert not admit(1024, 1100, 0, ahead=[(2048, 2048)])  # finished prefills are no queue
@@ -118,3 +118,18 @@ def test_static_mode_gives_no_credit_for_queueing():
 def test_unknown_admission_mode_is_refused():
     with pytest.raises(ValueError, match="admission mode 'fast': expected one of static, online, queue"):
         Admission(TIER, 4096, Counters(), mode="fast")
+
+
+def test_queue_credit_is_the_measured_share_of_the_queue():
+    ahead = [(2048, 4048)]
+    # Without a measured overlap the queue hides nothing: the same decision as online.
+    assert not Admission(TIER, 4096, Counters(), mode="queue")(1024, 1100, 0, ahead=ahead)
+    assert not Admission({**TIER, "queue_overlap": 0.1}, 4096, Counters(), mode="queue")(1024, 1100, 0, ahead=ahead)
+    assert Admission({**TIER, "queue_overlap": 0.9}, 4096, Counters(), mode="queue")(1024, 1100, 0, ahead=ahead)
+    assert Admission({**TIER, "queue_overlap": 7}, 4096, Counters()).queue_overlap == 1.0
+
+
+def test_a_bad_queue_overlap_is_named():
+    from pytest_kvoffload.calibration import CalibrationError
+    with pytest.raises(CalibrationError, match="queue_overlap 'lots' must be a number from 0 to 1"):
+        Admission({**TIER, "queue_overlap": "lots"}, 4096, Counters())

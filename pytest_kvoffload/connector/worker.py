@@ -1,6 +1,6 @@
 """The worker half: moves whole KV blocks of every layer between the engine's cache and chunk files.
 
-Loads and saves run on I/O threads, so the forward pass never waits on the drive: a load is reported
+Loads and saves run on I/O threads (separate ones), so the forward pass never waits on the drive: a load is reported
 through get_finished while its request waits in the scheduler, and a save holds its blocks (through
 request_finished) until the file is in place. Whole blocks (kv[block_id]) are copied, which is exact
 on the CPU and GPU cache layouts alike (vLLM 0.33 puts the block dimension first in both).
@@ -36,7 +36,10 @@ class WorkerSide:
         self.counters = Counters()
         self.layers: list[torch.Tensor] = []
         self.store: ChunkStore | None = None
-        self.pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvoffload-io")
+        # Loads and saves get threads of their own: a request waits for its load, nobody waits for a save,
+        # so a load must never queue behind a burst of another request's saves.
+        self.load_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvoffload-load")
+        self.save_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvoffload-save")
         self._loads: dict[str, tuple[LoadJob, list[Future], float]] = {}
         self._saves: dict[str, list[Future]] = {}
         self._save_batches: list[tuple[float, list[Future]]] = []
@@ -73,7 +76,7 @@ class WorkerSide:
         sync = []
         for job in meta.loads:
             # Chunks are read in parallel; the request is released when all are in.
-            futures = [self.pool.submit(self._load_chunk, chunk) for chunk in job.chunks]
+            futures = [self.load_pool.submit(self._load_chunk, chunk) for chunk in job.chunks]
             if job.sync:
                 sync.append((job, futures, time.perf_counter()))
             else:
@@ -93,7 +96,7 @@ class WorkerSide:
             ready.record()
         started, batch = time.perf_counter(), []
         for job in meta.saves:
-            future = self.pool.submit(self._save, job, ready)
+            future = self.save_pool.submit(self._save, job, ready)
             self._saves.setdefault(job.req_id, []).append(future)
             batch.append(future)
         # Write bandwidth is timed per step's batch: a request's saves span its prefill steps.
@@ -225,7 +228,8 @@ class WorkerSide:
         return self.store.write(job.key, buffer, index=job.index), time.perf_counter()
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=False)
+        self.load_pool.shutdown(wait=True, cancel_futures=False)
+        self.save_pool.shutdown(wait=True, cancel_futures=False)
 
 
 def pinned_buffer(nbytes: int) -> np.ndarray:
