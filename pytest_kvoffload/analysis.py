@@ -131,7 +131,9 @@ def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -
             continue
         recompute = fit_recompute([c["length"] for c in cold], [c["ttft"]["p50"] for c in cold])
         lengths = sorted({c["length"] for c in cold})
-        entry: dict = {"recompute": asdict(recompute), "tier": None}
+        # The cells' typical relative spread: how close to the threshold a decision is a coin flip.
+        spreads = [c["ttft"].get("spread", 0.0) for c in mine if c["state"] in ("cold", "tier-hit")]
+        entry: dict = {"recompute": asdict(recompute), "tier": None, "noise": float(np.median(spreads))}
         source = tiers.get(backend)
         tier_cells = [c for c in mine if c["state"] == "tier-hit" and source]
         engine = {(c["length"], c["fraction"]): c for c in mine if c["state"] == "engine-hit"}

@@ -34,6 +34,8 @@ def build_calibration(analysis: dict, settings, environment: dict) -> dict:
             "fixed_s": max(0.0, tier["fixed_s"]),
             "break_even_prefix_tokens": tier["break_even_prefix_tokens"],
             "recompute": entry["recompute"],
+            # Admit only a load predicted to beat recompute by more than twice the measured noise.
+            "margin": round(min(0.5, max(0.02, 2 * entry.get("noise", 0.0))), 4),
         }
     return {
         "schema": SCHEMA,

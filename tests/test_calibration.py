@@ -133,3 +133,20 @@ def test_a_bad_queue_overlap_is_named():
     from pytest_kvoffload.calibration import CalibrationError
     with pytest.raises(CalibrationError, match="queue_overlap 'lots' must be a number from 0 to 1"):
         Admission({**TIER, "queue_overlap": "lots"}, 4096, Counters())
+
+
+def test_a_predicted_gain_inside_the_margin_is_declined():
+    load, recompute = Admission(TIER, 4096, Counters()).predicted(4000, 0)
+    assert load < recompute  # about 6% cheaper than recomputing ...
+    assert Admission({**TIER, "margin": 0.02}, 4096, Counters())(4000, 4100, 0)
+    assert not Admission({**TIER, "margin": 0.1}, 4096, Counters())(4000, 4100, 0)  # ... but inside 10% of noise
+
+
+def test_calibration_margin_is_twice_the_noise_within_bounds():
+    from pytest_kvoffload.calibration import build_calibration
+
+    def margin(noise):
+        analysis = {"kvoffload-disk": {"recompute": TIER["recompute"], "tier": {**TIER, "points": 4}, "noise": noise}}
+        return build_calibration(analysis, settings(), {"device": "cpu"})["tiers"]["kvoffload-disk"]["margin"]
+
+    assert margin(0.04) == 0.08 and margin(0.0) == 0.02 and margin(0.9) == 0.5

@@ -2,7 +2,9 @@
 
 load cost      t_fixed + tokens x B / bw                         (the tier's calibrated figures)
 recompute cost t(local + tokens) - t(local)                      (the calibrated recompute curve)
-A declined prefix is recomputed: the answer is the same, only the time differs.
+A declined prefix is recomputed: the answer is the same, only the time differs. A load is admitted
+only when predicted to beat recompute by more than the calibration's `margin` (twice the measured
+relative spread of its cells), since a smaller predicted gain is within the noise of the prediction.
 
 Modes (connector option `admission`):
 - static: the seed's threshold, with the calibrated bandwidth.
@@ -54,6 +56,10 @@ class Admission:
         if not isinstance(overlap, (int, float)):
             raise CalibrationError(f"calibration: queue_overlap {overlap!r} must be a number from 0 to 1")
         self.queue_overlap = min(1.0, max(0.0, float(overlap)))
+        margin = tier.get("margin") or 0.0
+        if not isinstance(margin, (int, float)) or not 0 <= margin < 1:
+            raise CalibrationError(f"calibration: margin {margin!r} must be a number from 0 to below 1")
+        self.margin = float(margin)
 
     def observe(self, nbytes: float, seconds: float) -> None:
         """One finished load's delivered bandwidth."""
@@ -87,11 +93,13 @@ class Admission:
         if self.mode == "queue":
             load += loading_tokens * self.transfer_seconds_per_token()
             wait = self.queue_overlap * self.queue_wait(ahead)
-        admit = load - wait < recompute or math.isclose(load - wait, recompute)
+        # A predicted gain inside the calibration's noise is a coin flip: recompute, which is never slower.
+        threshold = recompute * (1 - self.margin)
+        admit = load - wait < threshold or math.isclose(load - wait, threshold)
         self.counters.add("loads_admitted" if admit else "loads_declined")
         if not admit:
             self.counters.add("tokens_declined", load_tokens)
-        elif load > recompute and not math.isclose(load, recompute):
+        elif load > threshold and not math.isclose(load, threshold):
             # Only the time it would have queued anyway makes this load pay: the static rule declines it.
             self.counters.add("loads_admitted_queued")
         log.info("kvoffload admission: %s %d of %d prompt tokens (%d already local): predicted load %.1f ms "
