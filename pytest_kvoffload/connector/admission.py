@@ -15,8 +15,8 @@ Modes (connector option `admission`):
   In a fluid model of a FCFS engine with W seconds of prefill work ahead of the request, recompute ends
   at W + t(p) + t(s) and a load of L seconds at max(L, W) + t(s): the load pays when L - e W <= t(p),
   where e, the share of the queue a load really progresses in, is measured by the calibration sweep
-  (`queue_overlap`; absent means 0, no credit). On vLLM's CPU build the I/O threads barely run while
-  the forward pass holds the cores, so e is near 0 there; on a GPU the copies ride their own streams.
+  (`queue_overlap`; absent means 0, no credit). vLLM starts async loads after launching the step's
+  forward pass: at once on a GPU, after the computation on the CPU build, where e measures near 0.
   W counts only the running requests' remaining prefill (their decodes and the step overhead would make
   it larger), and L counts the loads already in flight ahead of this one: both err towards recompute.
 """
