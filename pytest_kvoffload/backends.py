@@ -229,7 +229,7 @@ def builtin_backends() -> list[Backend]:
         ),
         Backend(
             name="native-disk",
-            description="vLLM's OffloadingConnector with a file-system tier behind a small CPU tier",
+            description="vLLM's OffloadingConnector with a file-system tier behind a CPU tier",
             tier="disk",
             needs_cuda=True,
             cuda_reason="vLLM's OffloadingConnector raises on the CPU platform (CUDA-alike and XPU GPUs only)",
