@@ -162,7 +162,7 @@ def _native_cpu(ctx: LaunchContext) -> ServerSpec:
 
 def _native_disk(ctx: LaunchContext) -> ServerSpec:
     # vLLM's own file-system tier behind a CPU tier (TieringOffloadingSpec, secondary tier "fs").
-    # The CPU tier is kept small so that evicted prefixes are served from the files.
+    # Tier-only cells drain the CPU tier with reset_external (Backend.evict_connector), so hits come from the files.
     root = ctx.scratch / "native-disk"
     root.mkdir(parents=True, exist_ok=True)
     config = {
