@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from pytest_kvoffload import machine
-from pytest_kvoffload.analysis import RecomputeFit, analyse, queue_overlap
+from pytest_kvoffload.analysis import RecomputeFit, TierFit, analyse, queue_overlap
 from pytest_kvoffload.backends import with_connector_options
 from pytest_kvoffload.burst import background_length, queued_behind
 from pytest_kvoffload.calibration import build_calibration, write_calibration
@@ -175,12 +175,13 @@ def measured_overlap(probes, tier, settings) -> float | None:
     if not probes or not tier.get("bandwidth_gbps"):
         return None
     recompute = RecomputeFit(**tier["recompute"])
-    per_token = settings.model.kv_bytes_per_token() / (tier["bandwidth_gbps"] * 1e9)
+    fit = TierFit(tier["bandwidth_gbps"] * 1e9, tier["fixed_s"], 0)
+    kv_bytes = settings.model.kv_bytes_per_token()
     background = next(iter(probes.values()))["background_tokens"]
     wait = recompute(background) - recompute(min(background, step_tokens()))
     samples = [(length, r["disk_tokens"], r["hit_s"], r["cold_s"])
                for (length, _), cell in probes.items() for r in cell["rounds"] if r["disk_tokens"]]
-    return queue_overlap(samples, recompute, lambda n: tier["fixed_s"] + n * per_token, wait)
+    return queue_overlap(samples, recompute, lambda n: fit.load_seconds(n, kv_bytes), wait)
 
 
 def burst_record(backend, length, fraction, r, purpose, result) -> dict:
