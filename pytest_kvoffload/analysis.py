@@ -69,6 +69,19 @@ def fit_tier(points: list[tuple[int, int, float]], recompute: RecomputeFit, kv_b
     return TierFit(float(1.0 / slope), float(fixed), len(usable))
 
 
+def load_and_recompute(tokens: float, local: float, recompute: RecomputeFit, fixed_s: float,
+                       seconds_per_token: float) -> tuple[float, float]:
+    """What loading `tokens` (on top of `local` tokens already in the engine) adds to a request, and what
+    recomputing them costs instead; the one definition of "a load pays" (load < recompute) that the
+    break-even prefix and the connector's admission rule share.
+
+    Both fits measure TTFT, so the tier's fixed cost includes the base cost every request pays
+    (recompute.a, the cold curve's intercept): only what lies above that base is the load's.
+    """
+    load = fixed_s - recompute.a + tokens * seconds_per_token
+    return load, recompute(local + tokens) - recompute(local)
+
+
 def break_even_bandwidth(n: int, recompute: RecomputeFit, fixed_s: float, kv_bytes_per_token: int) -> float:
     """Bytes/s at which loading n cached tokens ties recomputing them (inf: a hit never pays)."""
     budget = recompute(n) - fixed_s
@@ -83,6 +96,7 @@ def break_even_prefix(tier: TierFit, recompute: RecomputeFit, kv_bytes_per_token
     none); a hit may also pay below the smaller root, on fixed costs alone, but not from there on.
     """
     s = 0.0 if math.isinf(tier.bandwidth_bps) else kv_bytes_per_token / tier.bandwidth_bps
+    # h(p) = recompute - load of load_and_recompute(p, 0, ...), expanded:
     a, b, c = recompute.a - tier.fixed_s, recompute.b - s, recompute.c
     if c > 0:
         disc = b * b - 4 * a * c
@@ -170,20 +184,20 @@ def _finite(bps: float) -> float | None:
     return None if math.isinf(bps) else bps / 1e9
 
 
-def queue_overlap(samples: list[tuple[int, int, float, float]], recompute: RecomputeFit, load_seconds,
-                  wait_s: float) -> float | None:
+def queue_overlap(samples: list[tuple[int, int, float, float]], load_and_saved, wait_s: float) -> float | None:
     """How much of a queue a load really hides in: 0 (the load waits its turn too) to 1 (fully hidden).
 
     samples: (prompt length, tokens loaded, hit TTFT, cold TTFT) of probes sent behind the same long
-    prefill, with every load taken; load_seconds(tokens) the tier's calibrated load time; wait_s the
-    prefill ahead of the probe (W). In the fluid model a load that progresses at full speed for a share
-    e of W gives hit - cold = L - e W - t_p, with t_p the recompute the load replaces; so
-    e = (L - t_p - (hit - cold)) / W, the median over samples, within [0, 1].
+    prefill, with every load taken; load_and_saved(tokens) the (load, recompute) seconds of
+    load_and_recompute for those tokens; wait_s the prefill ahead of the probe (W). In the fluid model a
+    load of L seconds that progresses for a share e of W, replacing t_p seconds of recompute, gives
+    hit - cold = max(0, L - e W) - t_p; so e = (L - t_p - (hit - cold)) / W, the median over samples,
+    within [0, 1].
     """
     if wait_s <= 0 or not samples:
         return None
     shares = []
-    for length, tokens, hit, cold in samples:
-        t_p = recompute(length) - recompute(length - tokens)
-        shares.append((load_seconds(tokens) - t_p - (hit - cold)) / wait_s)
+    for _, tokens, hit, cold in samples:
+        load, saved = load_and_saved(tokens)
+        shares.append((load - saved - (hit - cold)) / wait_s)
     return float(min(1.0, max(0.0, np.median(shares))))

@@ -107,6 +107,7 @@ def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[lis
         "--enable-prompt-tokens-details",
         "--enable-per-request-metrics",
         "--seed", "0",
+        "--dtype", settings.dtype,
     ]
     if not model.has_weights:
         argv += ["--load-format", "dummy"]
@@ -125,6 +126,12 @@ def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[lis
     if not machine.has_cuda():
         # Unset, the CPU build claims 92% of the machine's memory for KV.
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        # The CPU build keeps one core per rank for its scheduler, and one more whenever a KV connector is
+        # configured (for NIXL; vllm/utils/ompmultiprocessing.py). On 2 cores the extra one cannot be had,
+        # so a connector's worker ended up with both cores and gpu-only's with one: prefill ran twice as
+        # fast with a connector, a difference that would be credited to offload. The same reservation for
+        # every backend keeps their engines equal.
+        env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(settings.tensor_parallel))
     env.update(spec.env)
     return argv, env
 

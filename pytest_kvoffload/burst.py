@@ -10,7 +10,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
+
+from .analysis import RecomputeFit, load_and_recompute, queue_overlap
 from .client import RequestResult, settled_snapshot, stream_completion
+from .measure import place_in_tier_only
+from .prompts import expected_cached, make_prompt, prefix_length
 from .server import Endpoint
 
 
@@ -42,3 +47,86 @@ def queued_behind(endpoint: Endpoint, background: list[int], probe: list[int], l
     return QueuedProbe(probe_result, background_result,
                        {k: int(v) for k, v in delta.cached_by_source.items() if v},
                        {k: v for k, v in delta.extra.items() if v})
+
+
+def run_bursts(kv_session, backend, endpoint, lengths, fractions, step: int, rounds: int) -> dict:
+    """Per cell and round: the probe with its prefix only on disk, then a cold probe, each behind a fresh
+    prompt two steps long. A declined load is recomputed, so the cold probe is what the static rule does
+    whenever it declines."""
+    settings = kv_session.settings
+    granularity = backend.granularity(settings)
+    background = background_length(step, settings.max_model_len, settings.block_size)
+    cells: dict = {}
+    for r in range(rounds):
+        for length in lengths:
+            for fraction in fractions:
+                expected = expected_cached(prefix_length(length, fraction), length, settings.block_size, granularity)
+                if not expected:
+                    continue
+                salt = f"{kv_session.salt}|burst|{length}|{fraction}|{r}"
+
+                def prompt(n, f, variant, tag):
+                    return make_prompt(n, f, seed=settings.seed, salt=f"{salt}|{tag}", variant=variant,
+                                       vocab_size=settings.model.vocab_size).tokens
+
+                for primed in place_in_tier_only(endpoint, backend, prompt(length, fraction, "prime", "probe")):
+                    kv_session.record(burst_record(backend, length, fraction, r, "prime", primed))
+                hit = queued_behind(endpoint, prompt(background, 0.0, "", "bg-hit"),
+                                    prompt(length, fraction, "measure", "probe"))
+                cold = queued_behind(endpoint, prompt(background, 0.0, "", "bg-cold"),
+                                     prompt(length, 0.0, "measure", "cold"))
+                cell = cells.setdefault((length, fraction), {"rounds": [], "expected_disk_tokens": expected,
+                                                             "background_tokens": background})
+                c = hit.connector
+                cell["rounds"].append({
+                    "hit_s": hit.probe.client_ttft_s, "cold_s": cold.probe.client_ttft_s,
+                    "disk_tokens": hit.cached_by_source.get("disk", 0),
+                    "admitted": bool(c.get("kvoffload:loads_admitted_total")),
+                    "queued": bool(c.get("kvoffload:loads_admitted_queued_total")),
+                    "declined": bool(c.get("kvoffload:loads_declined_total")),
+                })
+                for state, outcome in (("tier-hit", hit), ("cold", cold)):
+                    record = burst_record(backend, length, fraction, r, "burst", outcome.probe)
+                    record.update(state=state, cached_by_source=outcome.cached_by_source,
+                                  connector=outcome.connector, background_ttft_s=outcome.background.client_ttft_s)
+                    kv_session.record(record)
+    return cells
+
+
+def measured_overlap(probes, tier, kv_bytes_per_token: int, step: int) -> float | None:
+    """The calibration's queue_overlap from probes whose loads were all taken (analysis.queue_overlap)."""
+    if not probes or not tier.get("bandwidth_gbps"):
+        return None
+    recompute = RecomputeFit(**tier["recompute"])
+    seconds_per_token = kv_bytes_per_token / (tier["bandwidth_gbps"] * 1e9)
+    background = next(iter(probes.values()))["background_tokens"]
+    wait = recompute(background) - recompute(min(background, step))
+    samples = [(length, r["disk_tokens"], r["hit_s"], r["cold_s"])
+               for (length, _), cell in probes.items() for r in cell["rounds"] if r["disk_tokens"]]
+    return queue_overlap(samples, lambda n: load_and_recompute(n, 0, recompute, tier["fixed_s"], seconds_per_token),
+                         wait)
+
+
+def burst_record(backend, length, fraction, r, purpose, result) -> dict:
+    record = {"backend": backend.name, "length": length, "fraction": fraction, "state": "tier-hit", "round": r,
+              "purpose": purpose, **result.to_dict()}
+    record.pop("output_token_ids", None)
+    return record
+
+
+def burst_table(cells) -> str:
+    rows = ["length  cached  loads admitted: static  queue  useful   hit ms  cold ms  hit/cold",
+            "(each probe behind a fresh {:,}-token prompt; useful: admitted and faster than the cold probe beside it)"
+            .format(next(iter(cells.values()))["background_tokens"]) if cells else ""]
+    for (length, fraction), cell in sorted(cells.items()):
+        rs = cell["rounds"]
+        n = len(rs)
+        admitted = sum(r["admitted"] for r in rs)
+        static = admitted - sum(r["queued"] for r in rs)
+        useful = sum(r["admitted"] and r["hit_s"] < r["cold_s"] for r in rs)
+        hit = float(np.median([r["hit_s"] for r in rs]))
+        cold = float(np.median([r["cold_s"] for r in rs]))
+        ratio = float(np.median([r["hit_s"] / r["cold_s"] for r in rs]))
+        rows.append(f"{length:<7} {fraction:<7g} {static}/{n:<21} {admitted}/{n:<4} {useful}/{n:<5} "
+                    f"{hit * 1e3:<8.0f} {cold * 1e3:<8.0f} {ratio:.2f}")
+    return "\n".join(rows)

@@ -2,7 +2,7 @@
 
 Per tier: effective bandwidth, fixed overhead and break-even prefix; the recompute fit; and a
 fingerprint of everything that would make the figures wrong elsewhere (model, KV geometry, block
-size, device, vLLM version, store drive). The connector refuses a file whose fingerprint differs.
+size, dtype, device, vLLM version, store drive). The connector refuses a file whose fingerprint differs.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .records import atomic_write_json
 SCHEMA = "pytest-kvoffload/calibration"
 VERSION = 1
 # Fingerprint fields the connector checks against its own server; the others are informative.
-CHECKED = ("model", "kv_bytes_per_token", "block_size", "device")
+CHECKED = ("model", "dtype", "kv_bytes_per_token", "block_size", "device")
 
 
 class CalibrationError(ValueError):
@@ -42,7 +42,8 @@ def build_calibration(analysis: dict, settings, environment: dict) -> dict:
         "schema_version": VERSION,
         "fingerprint": {
             "model": settings.model.name,
-            "kv_bytes_per_token": settings.model.kv_bytes_per_token(),
+            "dtype": settings.dtype,
+            "kv_bytes_per_token": settings.kv_bytes_per_token,
             "block_size": settings.block_size,
             "device": environment.get("device"),
             "vllm": environment.get("vllm"),

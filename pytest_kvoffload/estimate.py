@@ -38,7 +38,7 @@ def estimate(model: ModelInfo, tokens: int, peak_tflops: float = H100_SXM_BF16_T
     return Estimate(tokens, t, kv, kv / t / 1e9)
 
 
-def seed_at_measured_speed(model: ModelInfo, cold_seconds: dict[int, float]) -> dict:
+def seed_at_measured_speed(model: ModelInfo, cold_seconds: dict[int, float], kv_dtype_bytes: int | None = None) -> dict:
     """The seed's formula at the prefill FLOP/s this run achieved on its longest cold prompt.
 
     Side by side with the measured break-even, it shows what the first-order model leaves out (fixed
@@ -48,5 +48,6 @@ def seed_at_measured_speed(model: ModelInfo, cold_seconds: dict[int, float]) -> 
     work = prefill_seconds(model.parameter_count(), model.num_layers, model.num_q_heads, model.head_dim, n, 1.0)
     flops = work / cold_seconds[n]
     return {"tflops": flops / 1e12, "from_tokens": n,
-            "gbps": {str(length): estimate(model, length, peak_tflops=flops / 1e12, mfu=1.0).required_gbps
+            "gbps": {str(length): estimate(model, length, peak_tflops=flops / 1e12, mfu=1.0,
+                                           kv_dtype_bytes=kv_dtype_bytes).required_gbps
                      for length in sorted(cold_seconds)}}

@@ -28,31 +28,81 @@ def has_cuda() -> bool:
     return device_kind() == "cuda"
 
 
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (/proc/cpuinfo).
+
+    KVOFFLOAD_CPU_FLAGS (space separated) overrides them, so tests can take the branch of a CPU this
+    machine is not (an AVX2-only one, say).
+    """
+    forced = os.environ.get("KVOFFLOAD_CPU_FLAGS")
+    if forced is not None:
+        return frozenset(forced.split())
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+# The flags that make a CPU compute bf16 natively; without them vLLM's CPU build emulates bf16 and runs
+# about 5x slower than float32 (seen on an AVX2-only EPYC: 5.3 s against 1.1 s for 1,024 tokens).
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# The flags worth recording with every run: they decide which kernels vLLM's CPU build runs.
+RECORDED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile", "asimd", "sve")
+
+
+def native_dtype(model_dtype: str) -> tuple[str, str]:
+    """The dtype this machine computes the model in natively, and why (for the run header and run.json)."""
+    if has_cuda():
+        return model_dtype, f"the model's own dtype on a GPU ({model_dtype})"
+    flags = cpu_flags()
+    native = [f for f in NATIVE_BF16_FLAGS if f in flags]
+    if native:
+        return "bfloat16", f"the CPU computes bf16 natively ({', '.join(native)})"
+    return "float32", ("the CPU lacks avx512_bf16 and amx_bf16, and vLLM's CPU build runs bf16 about 5x "
+                       "slower than float32 there")
+
+
 def describe() -> dict:
+    flags = cpu_flags()
     return {
         "device": device_kind(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
+        "cpu_flags": [f for f in RECORDED_FLAGS if f in flags],
         "cpu_count": os.cpu_count(),
         "host": platform.node(),
         "platform": platform.platform(),
     }
 
 
-# Per-machine defaults: on a 2-core CPU the grid must finish in minutes, on a GPU it is the seed's grid.
-# slow_drive_gbps: the drive the admission suite emulates, chosen so that the break-even prefix falls
-# inside the default lengths (tiny-llama on 2 cores needs about 20 to 40 MB/s; Llama 3.2 3B on an H100
-# about 3 to 23 GB/s). step_tokens: the admission suite's --max-num-batched-tokens, so that it knows
-# how long a prompt must be to keep the next request queued for a step.
+# Per-machine defaults. No speed is assumed here: the grid on a CPU is cut to what the measured prefill
+# speed finishes in budget (speed.py), and the admission suite derives its slowed drive from measurements.
+# max_prefill_s is a time budget, not a speed: on a CPU, default lengths whose cold prefill takes longer are
+# left out, so make bench fits its 15 minutes on the slowest of our CPUs as on the fastest.
 CPU_DEFAULTS = {"model": "tiny-llama", "lengths": "512,1024,2048,4096", "fractions": "0.5,1.0", "rounds": "3",
-                "block_size": 128, "slow_drive_gbps": 0.025, "step_tokens": 2048}
+                "block_size": 128, "max_prefill_s": 3.0}
 GPU_DEFAULTS = {
     "model": "llama-3.2-3b",
     "lengths": "1024,2048,4096,8192,16384,32768,65536",
     "fractions": "0.1,0.5,0.9",
     "rounds": "5",
     "block_size": 16,
-    "slow_drive_gbps": 4.0,
-    "step_tokens": 8192,
+    "max_prefill_s": None,
 }
 
 

@@ -44,12 +44,14 @@ class CellRunner:
     """Runs the rounds of one cell; `setup` and `target` are shaped for benchmark.pedantic."""
 
     def __init__(self, session: KVSession, backend: Backend, endpoint: Endpoint, cell: Cell,
-                 first_round: int = 0) -> None:
+                 first_round: int = 0, purpose: str = "measure") -> None:
         self.session = session
         self.backend = backend
         self.endpoint = endpoint
         self.cell = cell
         self.outcome = CellOutcome(cell, backend.name)
+        # "measure" rounds make the run's cells; others (a suite's probes) are recorded but kept out of them.
+        self.purpose = purpose
         # Rounds number the prompts: a runner that continues a cell (first_round > 0) gets fresh ones.
         self._round = first_round
         self._prompt: Prompt | None = None
@@ -59,7 +61,8 @@ class CellRunner:
     def prompt(self, variant: str) -> Prompt:
         s = self.session
         fraction = self.cell.fraction if self.cell.state is not State.COLD else 0.0
-        salt = f"{s.salt}|{self.backend.name}|{self.cell.state.value}|round{self._round}"
+        # The purpose is part of the key: a suite's probes must never warm the cells measured after them.
+        salt = f"{s.salt}|{self.backend.name}|{self.purpose}|{self.cell.state.value}|round{self._round}"
         return make_prompt(self.cell.length, fraction, seed=s.settings.seed, salt=salt, variant=variant,
                            vocab_size=s.settings.model.vocab_size)
 
@@ -96,7 +99,7 @@ class CellRunner:
         if problem:
             self.outcome.failures.append(f"round {self._round}: {problem}")
         self.outcome.results.append(result)
-        self._record(result, purpose="measure", expected=expect, problem=problem)
+        self._record(result, purpose=self.purpose, expected=expect, problem=problem)
 
     def _record(self, result: RequestResult, purpose: str, expected=None, problem: str | None = None) -> None:
         record = {

@@ -15,8 +15,8 @@ from .records import RecordError, read_run
 from .report import render
 from .replay_plan import build_replay_plan
 from .session import KVSession
-from .settings import (OptionError, Settings, check_fits_model, parse_backends, parse_fractions, parse_lengths,
-                       parse_disk_opts, parse_model, parse_positive_float, parse_positive_int, parse_server_args, parse_server_url)
+from .settings import (OptionError, Settings, check_fits_model, parse_backends, parse_dtype, parse_fractions,
+                       parse_lengths, parse_admission, parse_disk_opts, parse_max_prefill, parse_model, parse_positive_float, parse_positive_int, parse_server_args, parse_server_url)
 
 # (option, ini name, help); defaults come from the machine (see machine.py) or below.
 OPTIONS = [
@@ -25,9 +25,16 @@ OPTIONS = [
     ("--kv-lengths", "kv_lengths", "prompt lengths in tokens, comma separated"),
     ("--kv-fractions", "kv_fractions", "cached-prefix fractions in (0, 1], comma separated"),
     ("--kv-rounds", "kv_rounds", "fresh-prompt repetitions of each cell"),
+    ("--kv-max-prefill", "kv_max_prefill", "leave out default lengths whose cold prefill, measured when the first "
+                                           "server starts, takes longer than this many seconds, or 'off' "
+                                           "(default: 3 on a CPU, off on a GPU; --kv-lengths are always kept)"),
     ("--kv-results-dir", "kv_results_dir", "where run folders are written (default: results)"),
     ("--kv-server-url", "kv_server_url", "measure this running vLLM server instead of starting one"),
     ("--kv-server-timeout", "kv_server_timeout", "seconds to wait for a server's /health (default: 600)"),
+    ("--kv-dtype", "kv_dtype", "dtype of the model and its KV: auto (bfloat16 where the CPU computes it natively, "
+                               "float32 otherwise; the model's own on a GPU), bfloat16, float16 or float32"),
+    ("--kv-admission", "kv_admission", "the rule the admission suite guards: queue (default), static, online, "
+                                       "or the controls always / never, with which the suite must fail"),
     ("--kv-block-size", "kv_block_size", "KV block size in tokens passed to vLLM (default: 128 on CPU, 16 on GPU)"),
     ("--kv-cpu-gib", "kv_cpu_gib", "CPU memory for CPU tiers (native-cpu, native-disk's first tier, LMCache's "
                                    "staging), GiB (default: a quarter of this machine's, at most 64)"),
@@ -105,6 +112,7 @@ def build_settings(config, registry) -> Settings:
             raise ValueError
     except ValueError:
         raise OptionError(f"--kv-server-timeout {timeout!r}: expected a positive number of seconds") from None
+    dtype, dtype_reason = parse_dtype(str(_value(config, "kv_dtype", "auto")), machine.native_dtype(model.dtype))
     results = Path(_value(config, "kv_results_dir", "results"))
     if not results.is_absolute():
         results = Path(config.rootpath) / results
@@ -124,6 +132,11 @@ def build_settings(config, registry) -> Settings:
         gpu_memory_utilization=parse_positive_float(
             "--kv-gpu-memory-utilization", _value(config, "kv_gpu_memory_utilization", 0.9), upper=1.0),
         tensor_parallel=parse_positive_int("--kv-tensor-parallel", _value(config, "kv_tensor_parallel", 1)),
+        dtype=dtype,
+        dtype_reason=dtype_reason,
+        max_prefill_s=parse_max_prefill(_value(config, "kv_max_prefill", d["max_prefill_s"])),
+        lengths_given=_value(config, "kv_lengths", None) is not None,
+        admission=parse_admission(str(_value(config, "kv_admission", "queue"))),
         extra={"kvoffload_disk": parse_disk_opts(list(config.getini("kv_disk_opts")) + list(config.getoption("kv_disk_opts")),
                                                  block_size)},
     )
@@ -158,7 +171,7 @@ def pytest_configure(config):
     options = {name: str(value) if isinstance(value, Path) else value
                for name, value in vars(settings).items() if name != "model"}
     options["model"] = {"name": settings.model.name, "path": str(settings.model.path),
-                        "kv_bytes_per_token": settings.model.kv_bytes_per_token()}
+                        "kv_bytes_per_token": settings.kv_bytes_per_token}
     try:
         replay_plan = build_replay_plan(config, _value)
     except OptionError as exc:
@@ -189,9 +202,12 @@ def pytest_report_header(config):
     if session is None:
         return None
     s = session.settings
-    return (f"kvoffload: backends {','.join(s.backends)}; model {s.model.name} "
-            f"({s.model.kv_bytes_per_token():,} KV bytes/token); lengths {','.join(map(str, s.lengths))}; "
-            f"fractions {','.join(f'{f:g}' for f in s.fractions)}; rounds {s.rounds}; device {machine.device_kind()}")
+    cpu = machine.describe()
+    return [f"kvoffload: backends {','.join(s.backends)}; model {s.model.name} "
+            f"({s.kv_bytes_per_token:,} KV bytes/token); lengths {','.join(map(str, s.lengths))}; "
+            f"fractions {','.join(f'{f:g}' for f in s.fractions)}; rounds {s.rounds}; device {machine.device_kind()}",
+            f"kvoffload: dtype {s.dtype}: {s.dtype_reason}; CPU {cpu['cpu']}, {cpu['cpu_count']} cores, "
+            f"flags {' '.join(cpu['cpu_flags']) or 'none of note'}"]
 
 
 def _parametrized_by_test(metafunc, name: str) -> bool:

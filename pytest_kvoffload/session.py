@@ -14,11 +14,13 @@ from .backends import Backend, BackendRegistry, LaunchContext, server_command
 from .calibration import build_calibration, write_calibration
 from .distributed import merge_runs, worker_records
 from .estimate import seed_at_measured_speed
+from .models import DTYPE_BYTES
 from .plots import write_all
 from .records import RunWriter, write_cells_csv
 from .report import render
 from .server import Endpoint, ServerPool, VllmServer, free_port
 from .settings import Settings
+from .speed import PrefillSpeed, lengths_within, measure_prefill
 from .stats import cell_table
 
 
@@ -47,6 +49,11 @@ class KVSession:
         self.salt = self.run_id
         self.pool = ServerPool(max_running=1 if machine.has_cuda() else 2)
         self._writer: RunWriter | None = None
+        # Each backend's prefill speed, measured at its server's start (speed.py), and the grid's lengths
+        # that fit the prefill budget, decided once from the first server measured so every backend
+        # runs the same grid.
+        self.speeds: dict[str, PrefillSpeed] = {}
+        self._lengths: tuple[int, ...] | None = None
 
     # The run folder appears only once something is measured or started.
     @property
@@ -104,7 +111,32 @@ class KVSession:
             raise
         if started:
             self.writer.set_backend(backend.name, "running", argv=server.argv, log=str(server.log_path))
+            self.measure_speed(backend.name, server)
         return server
+
+    def measure_speed(self, name: str, endpoint: Endpoint) -> PrefillSpeed:
+        """Warm a fresh server up and time its cold prefill; the first measurement fixes the grid."""
+        s = self.settings
+        speed = measure_prefill(endpoint, max(s.lengths), s.max_model_len, s.max_prefill_s,
+                                f"{self.salt}|{name}", s.model.vocab_size)
+        self.speeds[name] = speed
+        self.writer.set_backend(name, self.writer.data["backends"][name]["status"], prefill=speed.to_dict())
+        self.progress(f"{name}: warmed up; {speed.describe()} ({s.dtype})")
+        if self._lengths is None:
+            self._lengths = s.lengths if s.lengths_given else lengths_within(s.lengths, speed, s.max_prefill_s)
+            self.writer.set("lengths", list(self._lengths))
+            dropped = [n for n in s.lengths if n not in self._lengths]
+            if dropped:
+                self.progress(f"lengths {', '.join(map(str, dropped))} left out: their cold prefill is predicted "
+                              f"above the {s.max_prefill_s:g} s budget on this machine ("
+                              + ", ".join(f"{n}: {speed.predict(n):.1f} s" for n in dropped)
+                              + "); --kv-lengths keeps them, --kv-max-prefill changes the budget")
+        return speed
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """The grid's lengths: --kv-lengths, or the defaults that fit the prefill budget once measured."""
+        return self._lengths if self._lengths is not None else self.settings.lengths
 
     def hook_measurement(self, record: dict) -> None:
         if self.hook is not None:
@@ -112,6 +144,15 @@ class KVSession:
 
     def record(self, measurement: dict) -> None:
         self.writer.add_measurement(measurement)
+
+    def measurements(self, backend: str | None = None, purpose: str | None = "measure") -> list[dict]:
+        """The run's measurement records so far, of one backend and purpose (None: any)."""
+        return [m for m in self.writer.data["measurements"]
+                if (backend is None or m["backend"] == backend) and (purpose is None or m.get("purpose") == purpose)]
+
+    def cells(self, backend: str | None = None, purpose: str = "measure") -> list[dict]:
+        """Per-cell statistics (stats.cell_table) of the measurements of one backend and purpose."""
+        return cell_table([dict(m, purpose="measure") for m in self.measurements(backend, purpose)])
 
     def add_benchmark(self, name: str, text: str, data: dict) -> None:
         """A benchmark's figures: printed in the terminal summary and kept in run.json."""
@@ -136,11 +177,12 @@ class KVSession:
         status = "partial" if interrupted else "complete"
         cells = cell_table(self._writer.data["measurements"])
         tiers = {name: self.registry.get(name).tier for name in self.registry.names() if self.registry.get(name).tier}
-        analysis = analyse(cells, self.settings.model.kv_bytes_per_token(), tiers)
+        analysis = analyse(cells, self.settings.kv_bytes_per_token, tiers)
         for backend, entry in analysis.items():
             cold = {c["length"]: c["ttft"]["p50"] for c in cells if c["backend"] == backend and c["state"] == "cold"}
             if entry.get("tier") and cold:
-                entry["tier"]["seed"] = seed_at_measured_speed(self.settings.model, cold)
+                entry["tier"]["seed"] = seed_at_measured_speed(self.settings.model, cold,
+                                                                DTYPE_BYTES[self.settings.dtype])
         self._writer.finish(status, cells, analysis)
         if self.worker:
             # The controller merges every worker's record and writes the run's files from the whole.

@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from .models import ModelError, ModelInfo, load_model
+from .models import DTYPE_BYTES, ModelError, ModelInfo, load_model
+
+# What --kv-dtype accepts besides "auto" (the dtype this machine computes natively, machine.native_dtype).
+DTYPES = ("bfloat16", "float16", "float32")
 
 
 class OptionError(ValueError):
@@ -33,6 +36,19 @@ class Settings:
     disk_gb: float = 64.0
     gpu_memory_utilization: float = 0.9
     tensor_parallel: int = 1
+    # The dtype vLLM computes and stores KV in (--kv-dtype), and why it was chosen.
+    dtype: str = "bfloat16"
+    dtype_reason: str = ""
+    # Default lengths whose cold prefill, measured at server start, exceeds this many seconds are left
+    # out (speed.py); None keeps every length, as do lengths the user gave (lengths_given).
+    max_prefill_s: float | None = None
+    lengths_given: bool = False
+    # The rule the admission suite's guarded server runs (--kv-admission; connector/admission.py).
+    admission: str = "queue"
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.model.kv_bytes_per_token(DTYPE_BYTES[self.dtype])
 
     @property
     def max_model_len(self) -> int:
@@ -105,6 +121,21 @@ def parse_positive_float(option: str, value, upper: float | None = None) -> floa
     return number
 
 
+def parse_admission(value: str) -> str:
+    from .connector.config import ADMISSION_MODES
+
+    if value not in ADMISSION_MODES:
+        raise OptionError(f"--kv-admission {value!r}: expected one of {', '.join(ADMISSION_MODES)}")
+    return value
+
+
+def parse_max_prefill(value) -> float | None:
+    """--kv-max-prefill: seconds, or 'off'."""
+    if value is None or str(value).lower() == "off":
+        return None
+    return parse_positive_float("--kv-max-prefill", value)
+
+
 def parse_server_url(value: str | None) -> str | None:
     if not value:
         return None
@@ -122,6 +153,15 @@ def parse_server_args(values: list[str]) -> tuple[str, ...]:
         except ValueError as exc:
             raise OptionError(f"--kv-server-arg {value!r}: cannot split it like a shell would ({exc})") from None
     return tuple(args)
+
+
+def parse_dtype(value: str, native: tuple[str, str]) -> tuple[str, str]:
+    """--kv-dtype: 'auto' takes `native` (dtype, reason); otherwise one of DTYPES, chosen by the user."""
+    if value == "auto":
+        return native
+    if value not in DTYPES:
+        raise OptionError(f"--kv-dtype {value!r}: expected auto or one of {', '.join(DTYPES)}")
+    return value, "chosen with --kv-dtype"
 
 
 def parse_model(value: str) -> ModelInfo:

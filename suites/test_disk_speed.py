@@ -46,7 +46,7 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     if kv_backend.name not in kv_settings.backends:
         pytest.skip(f"{kv_backend.name} is not among --kv-backend")
     granularity = kv_backend.granularity(kv_settings)
-    chunk_file = HEADER_SIZE + granularity * kv_settings.model.kv_bytes_per_token()
+    chunk_file = HEADER_SIZE + granularity * kv_settings.kv_bytes_per_token
     store = kvoffload_store_dir(kv_session.context(kv_backend))
     store.mkdir(parents=True, exist_ok=True)
     probe = probe_disk(store, request_bytes=chunk_file, total_bytes=max(64 << 20, 32 * chunk_file))

@@ -35,7 +35,7 @@ def _break_even_prefix(kv_session, backend):
     cells = [c for c in cell_table(kv_session.writer.data["measurements"]) if c["backend"] == backend.name]
     if not backend.tier or not cells:
         return None
-    tier = analyse(cells, kv_session.settings.model.kv_bytes_per_token(), {backend.name: backend.tier}) \
+    tier = analyse(cells, kv_session.settings.kv_bytes_per_token, {backend.name: backend.tier}) \
         .get(backend.name, {}).get("tier")
     return tier.get("break_even_prefix_tokens") if tier else None
 

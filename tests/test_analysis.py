@@ -121,15 +121,59 @@ def test_report_puts_the_seed_model_beside_the_measured_break_even():
     assert "seed model GB/s" in text and "0.300" in text and "at the 0.04 TFLOP/s this run's cold 4,096-token" in text
 
 
-def test_queue_overlap_from_probes_behind_a_prefill():
+@pytest.mark.parametrize("planted", [0.0, 0.5, 1.0])
+def test_queue_overlap_recovers_a_planted_overlap(planted):
+    from pytest_kvoffload.analysis import load_and_recompute, queue_overlap
+
+    # An intercept and a quadratic term: the cost of the first p tokens differs from that of the last p.
+    recompute = RecomputeFit(0.04, 1e-4, 3e-8)
+    fixed, per_token = 0.06, 4096 / 20e6
+
+    def load_and_saved(tokens):
+        return load_and_recompute(tokens, 0, recompute, fixed, per_token)
+
+    wait = 0.1  # below every load, so the fluid model's max(0, L - e W) stays unclipped: e is identifiable
+    samples = []
+    for length, tokens in [(1024, 512), (1024, 768), (2048, 1024), (2048, 1792), (4096, 3840)]:
+        load, saved = load_and_saved(tokens)
+        cold = wait + recompute(length)
+        hit = wait + recompute(length) - saved + max(0.0, load - planted * wait)
+        samples.append((length, tokens, hit, cold))
+    assert queue_overlap(samples, load_and_saved, wait) == pytest.approx(planted, abs=0.05)
+
+
+def test_queue_overlap_clamps_and_needs_samples():
     from pytest_kvoffload.analysis import queue_overlap
 
-    recompute = RecomputeFit(0.0, 1e-4, 0.0)  # 0.1 ms a token
-    load = lambda tokens: 0.3  # noqa: E731
-    t_p = 1792 * 1e-4
-    # Fully hidden: hit - cold = L - W - t_p; not hidden at all: hit - cold = L - t_p.
-    assert queue_overlap([(2048, 1792, 1.0 + 0.3 - 0.5 - t_p, 1.0)], recompute, load, 0.5) == pytest.approx(1.0)
-    assert queue_overlap([(2048, 1792, 1.0 + 0.3 - t_p, 1.0)], recompute, load, 0.5) == pytest.approx(0.0)
-    assert queue_overlap([(2048, 1792, 1.0 + 0.3 - 0.25 - t_p, 1.0)] * 3, recompute, load, 0.5) == pytest.approx(0.5)
-    assert queue_overlap([(2048, 1792, 3.0, 1.0)], recompute, load, 0.5) == 0.0  # clamped
-    assert queue_overlap([], recompute, load, 0.5) is None
+    assert queue_overlap([(2048, 1792, 3.0, 1.0)], lambda n: (0.3, 0.2), 0.5) == 0.0
+    assert queue_overlap([], lambda n: (0.3, 0.2), 0.5) is None
+
+
+def test_break_even_prefix_and_the_admission_rule_agree_on_random_calibrations():
+    """One definition of "a load pays": the rule at margin 0 with nothing local admits exactly the prefixes
+    the analysis says pay, so the break-even in calibration.json is the one the connector enforces."""
+    import numpy as np
+
+    from pytest_kvoffload.connector.admission import Admission
+    from pytest_kvoffload.connector.stats import Counters
+
+    rng = np.random.default_rng(7)
+    checked = 0
+    for _ in range(300):
+        recompute = RecomputeFit(float(rng.uniform(0, 0.1)), float(rng.uniform(1e-5, 5e-4)),
+                                 float(rng.choice([0.0, rng.uniform(0, 5e-8)])))
+        tier = TierFit(float(rng.uniform(5e6, 5e9)), float(rng.uniform(0, 0.2)), 4)
+        p_star = break_even_prefix(tier, recompute, B)
+        rule = Admission({"recompute": vars(recompute), "bandwidth_gbps": tier.bandwidth_bps / 1e9,
+                          "fixed_s": tier.fixed_s, "margin": 0.0}, B, Counters(), mode="static")
+        if math.isinf(p_star) or p_star > 1e6:
+            assert not rule(10**6, 10**6 + 1, 0)
+            continue
+        for p in (p_star * 1.01 + 1, p_star * 2 + 1, p_star * 10 + 1):
+            assert rule(round(p), round(p) + 1, 0), (recompute, tier, p_star, p)
+        if p_star > 2:
+            h = lambda p: recompute(p) - recompute.a - (tier.fixed_s - recompute.a + p * B / tier.bandwidth_bps)
+            below = p_star * 0.99 - 1
+            assert rule(round(below), round(below) + 1, 0) == (h(round(below)) > 0)
+            checked += 1
+    assert checked > 50

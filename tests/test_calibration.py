@@ -76,20 +76,31 @@ def test_online_bandwidth_replaces_the_calibrated_one_after_a_few_loads():
     admit = Admission(TIER, 4096, counters)
     assert not admit(1024, 1100, 0)  # 30 ms + 168 ms at 25 MB/s against 123 ms of recompute
     calibrated = admit.predicted(4000, 0)[0]
-    for _ in range(2):
-        admit.observe(16e6, 0.016)  # 1 GB/s, 40x the calibrated 25 MB/s
+    # A drive at 1 GB/s (40x the calibrated 25 MB/s) with 5 ms of latency a load.
+    for nbytes in (4e6, 16e6):
+        admit.observe(nbytes, 0.005 + nbytes / 1e9)
     assert admit.predicted(4000, 0)[0] == calibrated
-    admit.observe(16e6, 0.016)
-    assert admit.predicted(4000, 0)[0] == pytest.approx(0.03 + 4000 * 4096 / 1e9)
+    admit.observe(8e6, 0.005 + 8e6 / 1e9)
+    # The transfer rate alone: the latency is already in the calibrated fixed cost (30 ms, 10 ms of it the
+    # base every request pays), so it must not be counted again.
+    assert admit.predicted(4000, 0)[0] == pytest.approx(0.02 + 4000 * 4096 / 1e9)
     assert admit(1024, 1100, 0)  # at the drive's real speed the same prefix pays
     assert counters.drain()["online_read_gbps"] == pytest.approx(1.0)
+
+
+def test_online_bandwidth_needs_loads_of_differing_sizes():
+    admit = Admission(TIER, 4096, Counters())
+    calibrated = admit.predicted(4000, 0)[0]
+    for _ in range(5):
+        admit.observe(16e6, 0.021)
+    assert admit.predicted(4000, 0)[0] == calibrated
 
 
 def test_static_mode_ignores_the_online_estimate():
     admit = Admission(TIER, 4096, Counters(), mode="static")
     calibrated = admit.predicted(4000, 0)[0]
-    for _ in range(5):
-        admit.observe(16e6, 0.016)
+    for nbytes in (4e6, 8e6, 16e6, 32e6):
+        admit.observe(nbytes, nbytes / 1e9)
     assert admit.predicted(4000, 0)[0] == calibrated
 
 
@@ -116,7 +127,7 @@ def test_static_mode_gives_no_credit_for_queueing():
 
 
 def test_unknown_admission_mode_is_refused():
-    with pytest.raises(ValueError, match="admission mode 'fast': expected one of static, online, queue"):
+    with pytest.raises(ValueError, match="admission mode 'fast': a calibrated rule is one of static, online, queue"):
         Admission(TIER, 4096, Counters(), mode="fast")
 
 

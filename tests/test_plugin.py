@@ -25,6 +25,11 @@ def cpu_machine(monkeypatch):
     (["--kv-cpu-gib=lots"], "--kv-cpu-gib 'lots': expected a number above 0"),
     (["--kv-disk-gb=-1"], "--kv-disk-gb '-1': expected a number above 0"),
     (["--kv-tensor-parallel=0"], "--kv-tensor-parallel '0': expected a whole number of at least 1"),
+    (["--kv-dtype=fp8"], "--kv-dtype 'fp8': expected auto or one of bfloat16, float16, float32"),
+    (["--kv-admission=maybe"], "--kv-admission 'maybe': expected one of queue, static, online, always, never"),
+    (["--kv-max-prefill=soon"], "--kv-max-prefill 'soon': expected a number above 0"),
+    (["--kv-disk-opt", "io_threads=abc"], "--kv-disk-opt: io_threads 'abc' must be a whole number of threads"),
+    (["--kv-disk-opt", "read_gbps=fast"], "--kv-disk-opt: read_gbps 'fast' must be a number of GB/s"),
 ])
 def test_bad_option_is_a_usage_error_before_any_server(pytester, args, message):
     pytester.makepyfile(USES_BACKEND)
@@ -88,8 +93,20 @@ def pytest_kvoffload_register_backends(registry):
 
 def test_report_header_names_the_grid(pytester):
     pytester.makepyfile("def test_nothing():\n    pass\n")
-    result = pytester.runpytest_subprocess("--kv-lengths=256,2048", "--kv-model=llama-3.2-3b")
-    result.stdout.fnmatch_lines(["kvoffload: backends *; model llama-3.2-3b (114,688 KV bytes/token); lengths 256,2048*"])
+    result = pytester.runpytest_subprocess("--kv-lengths=256,2048", "--kv-model=llama-3.2-3b", "--kv-dtype=bfloat16")
+    result.stdout.fnmatch_lines(["kvoffload: backends *; model llama-3.2-3b (114,688 KV bytes/token); lengths 256,2048*",
+                                 "kvoffload: dtype bfloat16: chosen with --kv-dtype; CPU *"])
+
+
+@pytest.mark.parametrize("flags,dtype,kv_bytes,why", [
+    ("avx avx2 fma", "float32", "8,192", "the CPU lacks avx512_bf16 and amx_bf16*"),
+    ("avx avx2 avx512f avx512_bf16", "bfloat16", "4,096", "the CPU computes bf16 natively (avx512_bf16);*"),
+])
+def test_dtype_follows_the_cpus_flags_and_says_why(pytester, monkeypatch, flags, dtype, kv_bytes, why):
+    monkeypatch.setenv("KVOFFLOAD_CPU_FLAGS", flags)
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess()
+    result.stdout.fnmatch_lines([f"*model tiny-llama ({kv_bytes} KV bytes/token)*", f"kvoffload: dtype {dtype}: {why}"])
 
 
 def test_bad_trace_is_a_usage_error_naming_the_line(pytester):

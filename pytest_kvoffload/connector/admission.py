@@ -1,16 +1,19 @@
 """The admission rule: load a stored prefix only when the calibration predicts it beats recomputing it.
 
-load cost      t_fixed + tokens x B / bw                         (the tier's calibrated figures)
-recompute cost t(local + tokens) - t(local)                      (the calibrated recompute curve)
+load cost      t_fixed - a + tokens x B / bw       (the tier's calibrated figures above the base cost a)
+recompute cost t(local + tokens) - t(local)         (the calibrated recompute curve t(n) = a + b n + c n^2)
+Both come from analysis.load_and_recompute, the definition the calibration's break-even prefix uses.
 A declined prefix is recomputed: the answer is the same, only the time differs. A load is admitted
 only when predicted to beat recompute by more than the calibration's `margin` (twice the measured
 relative spread of its cells), since a smaller predicted gain is within the noise of the prediction.
 
 Modes (connector option `admission`):
 - static: the seed's threshold, with the calibrated bandwidth.
-- online: bw follows the connector's own loads once it has seen a few (an exponentially weighted
-  average of delivered bytes per wall second), so a drive that got slower, or a store moved to a faster
+- online: bw follows the connector's own loads once it has seen a few (the transfer rate fitted over
+  recent loads of differing sizes, latency apart), so a drive that got slower, or a store moved to a faster
   one, changes the decisions without recalibrating.
+- always / never: take every load / none (no calibration needed): the controls that show a check of
+  the rule can fail, and a way to compare policies.
 - queue (default): online, and a load that finishes while the request would be queued anyway is free.
   In a fluid model of a FCFS engine with W seconds of prefill work ahead of the request, recompute ends
   at W + t(p) + t(s) and a load of L seconds at max(L, W) + t(s): the load pays when L - e W <= t(p),
@@ -27,22 +30,26 @@ import logging
 import math
 from typing import Iterable
 
-from ..analysis import RecomputeFit
+import numpy as np
+
+from ..analysis import RecomputeFit, load_and_recompute
 from ..calibration import CalibrationError
 from .stats import Counters
 
 log = logging.getLogger("pytest_kvoffload.connector")
 
-MODES = ("static", "online", "queue")
+MODES = ("static", "online", "queue", "always", "never")
+# Modes that decide without a calibration file.
+FIXED_MODES = ("always", "never")
 
 
 class Admission:
     ONLINE_AFTER = 3  # loads seen before the online estimate replaces the calibrated bandwidth
-    WEIGHT = 0.3
+    WINDOW = 32       # recent loads the online estimate is fitted on
 
     def __init__(self, tier: dict, kv_bytes_per_token: int, counters: Counters, mode: str = "queue") -> None:
-        if mode not in MODES:
-            raise ValueError(f"admission mode {mode!r}: expected one of {', '.join(MODES)}")
+        if mode not in MODES or mode in FIXED_MODES:
+            raise ValueError(f"admission mode {mode!r}: a calibrated rule is one of static, online, queue")
         self.mode = mode
         self.recompute = RecomputeFit(**tier["recompute"])
         gbps = tier.get("bandwidth_gbps")
@@ -52,6 +59,7 @@ class Admission:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.online_bps: float | None = None
         self.samples = 0
+        self.window: list[tuple[float, float]] = []
         overlap = tier.get("queue_overlap") or 0.0
         if not isinstance(overlap, (int, float)):
             raise CalibrationError(f"calibration: queue_overlap {overlap!r} must be a number from 0 to 1")
@@ -62,12 +70,24 @@ class Admission:
         self.margin = float(margin)
 
     def observe(self, nbytes: float, seconds: float) -> None:
-        """One finished load's delivered bandwidth."""
+        """One finished load: its bytes and wall seconds, latency included.
+
+        The calibration's fixed cost already holds a load's latency, so the online figure must be the
+        transfer rate alone: the slope of wall seconds over bytes across recent loads of differing sizes
+        (seconds = latency + bytes / bw), not bytes over seconds, which would count the latency twice.
+        """
         if nbytes <= 0 or seconds <= 0:
             return
-        bps = nbytes / seconds
-        self.online_bps = bps if self.online_bps is None else (1 - self.WEIGHT) * self.online_bps + self.WEIGHT * bps
-        self.samples += 1
+        self.window.append((nbytes, seconds))
+        del self.window[:-self.WINDOW]
+        sizes = [b for b, _ in self.window]
+        if len(self.window) < self.ONLINE_AFTER or max(sizes) < 1.5 * min(sizes):
+            return  # loads of one size cannot tell latency from transfer
+        slope = float(np.polyfit(sizes, [t for _, t in self.window], 1)[0])
+        if slope <= 0:
+            return
+        self.online_bps = 1.0 / slope
+        self.samples = len(self.window)
         self.counters.set("online_read_gbps", self.online_bps / 1e9)
 
     @property
@@ -78,9 +98,8 @@ class Admission:
         return self.kv_bytes_per_token / self.online_bps if self.online else self.seconds_per_token
 
     def predicted(self, load_tokens: int, local_tokens: int) -> tuple[float, float]:
-        load = self.fixed_s + load_tokens * self.transfer_seconds_per_token()
-        recompute = self.recompute(local_tokens + load_tokens) - self.recompute(local_tokens)
-        return load, recompute
+        return load_and_recompute(load_tokens, local_tokens, self.recompute, self.fixed_s,
+                                  self.transfer_seconds_per_token())
 
     def queue_wait(self, ahead: Iterable[tuple[int, int]]) -> float:
         """Seconds of prefill the engine runs before this request's own: (computed, prompt) per running request."""
@@ -106,4 +125,22 @@ class Admission:
                  "(%s bandwidth), recompute %.1f ms, hidden by the queue %.1f ms", "load" if admit else "decline",
                  load_tokens, prompt_tokens, local_tokens, load * 1e3, "online" if self.online else "calibrated",
                  recompute * 1e3, wait * 1e3)
+        return admit
+
+
+class FixedAdmission:
+    """`always` or `never`: every load taken, or none; counted like the calibrated rule's decisions."""
+
+    def __init__(self, mode: str, counters: Counters) -> None:
+        if mode not in FIXED_MODES:
+            raise ValueError(f"admission mode {mode!r}: expected one of {', '.join(FIXED_MODES)}")
+        self.mode = mode
+        self.counters = counters
+
+    def __call__(self, load_tokens: int, prompt_tokens: int, local_tokens: int,
+                 ahead: Iterable[tuple[int, int]] = (), loading_tokens: int = 0) -> bool:
+        admit = self.mode == "always"
+        self.counters.add("loads_admitted" if admit else "loads_declined")
+        if not admit:
+            self.counters.add("tokens_declined", load_tokens)
         return admit

@@ -8,8 +8,25 @@ from pathlib import Path
 DEFAULT_CHUNK_TOKENS = 256
 
 
+# The admission rule's modes (admission.py): the calibrated ones first, then the two fixed controls.
+ADMISSION_MODES = ("queue", "static", "online", "always", "never")
+
+
 class ConnectorConfigError(ValueError):
     pass
+
+
+def _number(extra: dict, key: str, kind: type, default, what: str):
+    """extra[key] as `kind`, or `default` when absent; a value that is no number is a ConnectorConfigError."""
+    value = extra.get(key)
+    if value is None or value == "":
+        return default
+    try:
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConnectorConfigError(f"kvoffload connector: {key} {value!r} must be {what}") from None
 
 
 def default_chunk_tokens(block_size: int) -> int:
@@ -29,7 +46,7 @@ class ConnectorConfig:
     # async: the request waits in the scheduler while I/O threads read (hides loads behind queueing);
     # sync: the step that computes the request loads first (no extra scheduler round trips).
     load_mode: str = "async"
-    admission: str = "queue"  # static | online | queue: see admission.py
+    admission: str = "queue"  # static | online | queue (need `calibration`) | always | never: see admission.py
 
     @classmethod
     def from_extra(cls, extra: dict, block_size: int) -> "ConnectorConfig":
@@ -44,27 +61,27 @@ class ConnectorConfig:
             )
         if not extra.get("store_dir"):
             raise ConnectorConfigError("kvoffload connector: store_dir is required (a folder for the KV chunk files)")
-        chunk = int(extra.get("chunk_tokens") or default_chunk_tokens(block_size))
+        chunk = _number(extra, "chunk_tokens", int, default_chunk_tokens(block_size), "a whole number of tokens")
         if chunk <= 0 or chunk % block_size:
             raise ConnectorConfigError(
                 f"kvoffload connector: chunk_tokens {chunk} must be a positive multiple of the block size {block_size}"
             )
-        threads = int(extra.get("io_threads", 2))
+        threads = _number(extra, "io_threads", int, 2, "a whole number of threads")
         if threads < 1:
             raise ConnectorConfigError(f"kvoffload connector: io_threads {threads} must be at least 1")
-        capacity = float(extra.get("capacity_gb", 64))
+        capacity = _number(extra, "capacity_gb", float, 64, "a number of GB")
         if capacity <= 0:
             raise ConnectorConfigError(f"kvoffload connector: capacity_gb {capacity} must be above 0")
-        read_gbps = extra.get("read_gbps")
-        if read_gbps is not None and float(read_gbps) <= 0:
+        read_gbps = _number(extra, "read_gbps", float, None, "a number of GB/s")
+        if read_gbps is not None and read_gbps <= 0:
             raise ConnectorConfigError(f"kvoffload connector: read_gbps {read_gbps} must be above 0")
         load_mode = str(extra.get("load_mode", "async"))
         if load_mode not in ("async", "sync"):
             raise ConnectorConfigError(f"kvoffload connector: load_mode {load_mode!r} must be 'async' or 'sync'")
         admission = str(extra.get("admission", "queue"))
-        if admission not in ("static", "online", "queue"):
+        if admission not in ADMISSION_MODES:
             raise ConnectorConfigError(
-                f"kvoffload connector: admission {admission!r} must be 'static', 'online' or 'queue'")
+                f"kvoffload connector: admission {admission!r} must be one of {', '.join(ADMISSION_MODES)}")
         direct = extra.get("direct_io", True)
         if isinstance(direct, str):
             direct = direct.lower() not in ("0", "false", "no", "off")

@@ -9,7 +9,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from ..calibration import check_fingerprint, read_calibration, tier_entry
-from .admission import Admission
+from .admission import FIXED_MODES, Admission, FixedAdmission
 from .config import ConnectorConfig
 from .hashing import key_seed
 from .metadata import KVOffloadMetadata
@@ -56,8 +56,8 @@ def server_fingerprint(vllm_config) -> dict:
     itemsize = torch.empty((), dtype=dtype).element_size() if isinstance(dtype, torch.dtype) else 2
     kv_bytes = (model.get_num_layers(vllm_config.parallel_config) * 2 * model.get_total_num_kv_heads()
                 * model.get_head_size() * itemsize)
-    return {"model": name, "kv_bytes_per_token": kv_bytes, "block_size": cache.block_size,
-            "device": current_platform.device_type}
+    return {"model": name, "dtype": str(model.dtype).removeprefix("torch."), "kv_bytes_per_token": kv_bytes,
+            "block_size": cache.block_size, "device": current_platform.device_type}
 
 
 class KVOffloadDiskConnector(KVConnectorBase_V1):
@@ -89,7 +89,11 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
             self._worker = WorkerSide(self.config, self.fingerprint, self.config.store_dir / f"rank{_tp_rank()}",
                                       block_size)
 
-    def _admission(self, vllm_config) -> Admission | None:
+    def _admission(self, vllm_config) -> Admission | FixedAdmission | None:
+        if self.config.admission in FIXED_MODES:
+            log.info("kvoffload: admission %s: %s", self.config.admission,
+                     "every load taken" if self.config.admission == "always" else "every load declined")
+            return FixedAdmission(self.config.admission, self._scheduler_counters)
         if self.config.calibration is None:
             return None
         calibration = read_calibration(self.config.calibration)

@@ -1,0 +1,253 @@
+"""Checking an admission rule against measurement: paired rounds, their verdicts, and both controls.
+
+A cell's verdict comes from its rounds, each a tier hit and a cold request of the same length taken side
+by side (paired, so the engine's drift between rounds cancels), as the ratio hit / cold:
+
+- slower: the median ratio is above CAP (1.10: a hit 10% slower fails whatever the noise), or the ratio's
+  median is above 1 + FLOOR with at least CONFIDENCE (95%) by a distribution-free bound (order statistics
+  of the rounds, so 5 rounds must all be slower);
+- paid:   the mirror image (median below 1 / CAP, or its upper bound below 1 - FLOOR).
+
+The suite's controls then say what a broken rule would show. The control grid (admission off, every
+load taken) must contain slower cells, or the no-slower check has no teeth against a rule that admits
+everything; and cells that paid, or the missed-gain check has no teeth against a rule that declines
+everything. The guarded grid must have no slower cell and must not decline the cells that paid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import comb
+
+import numpy as np
+
+from .backends import Backend
+from .cells import Cell, State
+from .measure import CellRunner
+from .prompts import expected_cached, prefix_length
+from .slow_drive import SlowDrive, SlowDriveError  # noqa: F401 (the suite catches it)
+
+CAP = 1.10
+FLOOR = 0.03
+CONFIDENCE = 0.95
+
+
+@dataclass
+class Round:
+    hit_s: float
+    cold_s: float
+    tier_tokens: int
+    admitted: bool
+    declined: bool
+
+    @property
+    def ratio(self) -> float:
+        return self.hit_s / self.cold_s
+
+
+@dataclass
+class Grid:
+    """One server's paired rounds per (length, fraction), and the rounds that failed verification."""
+
+    backend: str
+    cells: dict[tuple[int, float], list[Round]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    def admitted_cells(self) -> list[tuple[int, float]]:
+        return sorted(k for k, rounds in self.cells.items() if _mostly(r.admitted for r in rounds))
+
+    def declined_cells(self) -> list[tuple[int, float]]:
+        return sorted(k for k, rounds in self.cells.items() if _mostly(r.declined for r in rounds))
+
+
+def _mostly(flags) -> bool:
+    flags = list(flags)
+    return bool(flags) and sum(flags) * 2 > len(flags)
+
+
+def median_bound(values: list[float], upper: bool, confidence: float = CONFIDENCE) -> float | None:
+    """A distribution-free one-sided bound on the median: the k-th smallest (or largest) value, with k the
+    largest for which P(Binomial(n, 1/2) < k) <= 1 - confidence. None when n is too small for it."""
+    n, alpha = len(values), 1 - confidence
+    k, cdf = 0, 0.0
+    while k < n and cdf + comb(n, k) / 2 ** n <= alpha:
+        cdf += comb(n, k) / 2 ** n
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(values)
+    return ordered[n - k] if upper else ordered[k - 1]
+
+
+def verdict(ratios: list[float]) -> str:
+    """'slower', 'paid' or 'same' (no difference shown at the stated confidence)."""
+    median = float(np.median(ratios))
+    low, high = median_bound(ratios, upper=False), median_bound(ratios, upper=True)
+    if median > CAP or (low is not None and low > 1 + FLOOR):
+        return "slower"
+    if median < 1 / CAP or (high is not None and high < 1 - FLOOR):
+        return "paid"
+    return "same"
+
+
+def _describe(key, rounds: list[Round]) -> str:
+    length, fraction = key
+    ratios = [r.ratio for r in rounds]
+    low, high = median_bound(ratios, upper=False), median_bound(ratios, upper=True)
+    bounds = f", {CONFIDENCE:.0%} bounds {low:.2f} to {high:.2f}" if low is not None else ""
+    return (f"{length} tokens, {fraction:g} cached: tier hit {np.median([r.hit_s for r in rounds]) * 1e3:.0f} ms "
+            f"vs cold {np.median([r.cold_s for r in rounds]) * 1e3:.0f} ms (median ratio {np.median(ratios):.2f}"
+            f"{bounds}, {len(rounds)} rounds)")
+
+
+def slower_hits(grid: Grid) -> list[str]:
+    """Cells whose tier hits were slower than recomputing (see the module's doc for the statistic)."""
+    return [_describe(k, rounds) for k, rounds in sorted(grid.cells.items())
+            if verdict([r.ratio for r in rounds]) == "slower"]
+
+
+def paid_cells(grid: Grid) -> list[tuple[int, float]]:
+    return sorted(k for k, rounds in grid.cells.items() if verdict([r.ratio for r in rounds]) == "paid")
+
+
+def missed_gains(control: Grid, guarded: Grid) -> list[str]:
+    """Cells where loading paid with every load taken, yet the rule declined most of their loads."""
+    out = []
+    for key in paid_cells(control):
+        rounds = guarded.cells.get(key, [])
+        declined = sum(r.declined for r in rounds)
+        if rounds and declined * 2 > len(rounds):
+            out.append(f"{_describe(key, control.cells[key])} with every load taken, yet the rule declined "
+                       f"{declined} of {len(rounds)} loads")
+    return out
+
+
+def run_grid(session, backend: Backend, endpoint, lengths, fractions, rounds: int, purpose: str = "measure") -> Grid:
+    """Cold, engine-hit and tier-hit rounds interleaved per length, so each hit has a cold request beside it.
+
+    Engine hits of the same cells let a calibration fit the tier by pairs (analysis.py). Cells whose shared
+    prefix is shorter than one stored chunk load nothing, so leave the rule nothing to decide: left out.
+    """
+    settings = session.settings
+    granularity = backend.granularity(settings)
+    grid = Grid(backend.name)
+    for length in lengths:
+        for r in range(rounds):
+            cold = CellRunner(session, backend, endpoint, Cell(length, 0.0, State.COLD), r, purpose).run(1)
+            grid.failures += [f"{length}-cold: {f}" for f in cold.failures]
+            for fraction in fractions:
+                engine = CellRunner(session, backend, endpoint, Cell(length, fraction, State.ENGINE_HIT), r,
+                                    purpose).run(1)
+                hit = CellRunner(session, backend, endpoint, Cell(length, fraction, State.TIER_HIT), r, purpose).run(1)
+                grid.failures += [f"{c.cell.id}: {f}" for c in (engine, hit) for f in c.failures]
+                if not expected_cached(prefix_length(length, fraction), length, settings.block_size, granularity):
+                    continue
+                result = hit.results[0]
+                grid.cells.setdefault((length, fraction), []).append(Round(
+                    hit_s=result.client_ttft_s, cold_s=cold.results[0].client_ttft_s,
+                    tier_tokens=result.cached_by_source.get(backend.tier or "", 0),
+                    admitted=bool(result.connector.get("kvoffload:loads_admitted_total")),
+                    declined=bool(result.connector.get("kvoffload:loads_declined_total"))))
+    return grid
+
+
+def grid_table(grid: Grid) -> str:
+    rows = ["length  cached  rounds  admitted  declined  hit ms  cold ms  hit/cold  verdict"]
+    for (length, fraction), rounds in sorted(grid.cells.items()):
+        ratios = [r.ratio for r in rounds]
+        rows.append(f"{length:<7} {fraction:<7g} {len(rounds):<7} {sum(r.admitted for r in rounds):<9} "
+                    f"{sum(r.declined for r in rounds):<9} {np.median([r.hit_s for r in rounds]) * 1e3:<7.0f} "
+                    f"{np.median([r.cold_s for r in rounds]) * 1e3:<8.0f} {np.median(ratios):<9.2f} {verdict(ratios)}")
+    return "\n".join(rows)
+
+
+@dataclass
+class AdmissionRun:
+    drive: SlowDrive
+    step_tokens: int
+    control: Grid
+    guarded: Grid
+    calibration: dict
+    bursts: dict
+    mode: str
+
+
+def run_admission(session, backend: Backend, mode: str, rounds: int) -> AdmissionRun:
+    """The admission suite's measurements: drive probe, control (every load taken), guarded (the rule)."""
+    from .analysis import RecomputeFit, analyse
+    from .backends import with_connector_options
+    from .burst import measured_overlap, run_bursts
+    from .calibration import build_calibration, write_calibration
+    from .report import break_even_lines
+    from .slow_drive import loadable_prefixes, slow_drive, step_tokens
+
+    settings = session.settings
+    lengths, fractions = session.lengths, settings.fractions
+    kv_bytes = settings.kv_bytes_per_token
+    # 1. The drive: from the unthrottled backend's cells, two rounds each, kept out of the run's cells.
+    endpoint = session.endpoint(backend)
+    session.progress(f"admission: measuring {backend.name} unthrottled to choose the slowed drive")
+    run_grid(session, backend, endpoint, lengths, fractions, 2, purpose="drive-probe")
+    probe = analyse(session.cells(backend.name, purpose="drive-probe"), kv_bytes, {backend.name: backend.tier})[backend.name]
+    prefixes = loadable_prefixes(lengths, fractions, settings.block_size, backend.granularity(settings))
+    drive = slow_drive(prefixes, RecomputeFit(**probe["recompute"]), probe["tier"]["fixed_s"], kv_bytes)
+    session.progress(f"admission: {drive.describe()}")
+    step = step_tokens(lengths, settings.block_size)
+    budget = ("--max-num-batched-tokens", str(step))
+    # 2. The control: every load taken. Its cells calibrate the rule; its probes behind a queue measure
+    #    how much of a queue a load hides in.
+    slow = with_connector_options(backend, "slow", server_args=budget, read_gbps=drive.gbps, admission="always")
+    session.progress(f"admission: control grid on {slow.name} ({rounds} rounds, every load taken)")
+    control = run_grid(session, slow, session.endpoint(slow), lengths, fractions, rounds)
+    overlap_probes = run_bursts(session, slow, session.endpoint(slow), lengths, fractions, step, 3)
+    session.pool.release(slow.name)
+    analysis = analyse(session.cells(slow.name), kv_bytes, {slow.name: backend.tier})
+    calibration = build_calibration(analysis, settings, session.writer.data["environment"])
+    tier = calibration["tiers"][backend.name] = calibration["tiers"].pop(slow.name)
+    tier["queue_overlap"] = measured_overlap(overlap_probes, tier, kv_bytes, step)
+    path = session.run_dir / "admission-calibration.json"
+    write_calibration(path, calibration)
+    # 3. The guarded server: the same drive, the rule under test.
+    guarded_backend = with_connector_options(backend, "admission", server_args=budget, read_gbps=drive.gbps,
+                                             calibration=str(path), admission=mode)
+    session.progress(f"admission: guarded grid on {guarded_backend.name} (rule {mode}, {rounds} rounds)")
+    endpoint = session.endpoint(guarded_backend)
+    guarded = run_grid(session, guarded_backend, endpoint, lengths, fractions, rounds)
+    bursts = run_bursts(session, guarded_backend, endpoint, lengths, fractions, step, max(3, settings.rounds))
+    session.pool.release(guarded_backend.name)
+    run = AdmissionRun(drive, step, control, guarded, calibration, bursts, mode)
+    session.add_benchmark("admission", summary(run, break_even_lines(analysis)),
+                          {"drive_gbps": drive.gbps, "target_prefix": drive.target_prefix, "mode": mode,
+                           "calibration": calibration, "analysis": analysis,
+                           "admitted_cells": [list(k) for k in guarded.admitted_cells()],
+                           "declined_cells": [list(k) for k in guarded.declined_cells()],
+                           "negative_control": slower_hits(control), "positive_control": paid_cells(control),
+                           "slower_hits": slower_hits(guarded), "missed_gains": missed_gains(control, guarded)})
+    return run
+
+
+def summary(run: AdmissionRun, calibration_lines: list[str]) -> str:
+    from .burst import burst_table
+
+    tier = next(iter(run.calibration["tiers"].values()))
+    p_star = tier.get("break_even_prefix_tokens")
+    negative, positive = slower_hits(run.control), paid_cells(run.control)
+    slower, missed = slower_hits(run.guarded), missed_gains(run.control, run.guarded)
+    lines = [
+        run.drive.describe(),
+        f"control (every load taken), {len(run.control.cells)} cells:",
+        grid_table(run.control),
+        *calibration_lines,
+        f"rule {run.mode}: break-even prefix {'-' if p_star is None else f'{p_star:,.0f} tokens'}, "
+        f"margin {tier.get('margin', 0):.0%}, queue overlap {tier.get('queue_overlap') or 0:.2f}",
+        grid_table(run.guarded),
+        f"guarded: {len(run.guarded.admitted_cells())} cells admitted, {len(run.guarded.declined_cells())} declined",
+        f"negative control (a rule that takes every load would be caught): "
+        f"{'holds, ' + str(len(negative)) + ' slower cells' if negative else 'FAILS: no slower cell'}",
+        f"positive control (a rule that declines every load would be caught): "
+        f"{'holds, ' + str(len(positive)) + ' cells paid' if positive else 'FAILS: no cell paid'}",
+        f"guarded: {len(slower)} slower cells, {len(missed)} paying cells declined",
+        "behind a queue (guarded):",
+        burst_table(run.bursts) if run.bursts else "(no probes)",
+    ]
+    return "\n".join(lines)
