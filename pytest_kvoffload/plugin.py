@@ -16,7 +16,7 @@ from .report import render
 from .replay_plan import build_replay_plan
 from .session import KVSession
 from .settings import (OptionError, Settings, check_fits_model, parse_backends, parse_dtype, parse_fractions,
-                       parse_lengths, parse_admission, parse_disk_opts, parse_max_prefill, parse_model, parse_positive_float, parse_positive_int, parse_server_args, parse_server_url)
+                       parse_lengths, parse_admission, parse_disk_opts, parse_max_prefill, parse_model, parse_weights, parse_positive_float, parse_positive_int, parse_server_args, parse_server_url)
 
 # (option, ini name, help); defaults come from the machine (see machine.py) or below.
 OPTIONS = [
@@ -31,6 +31,9 @@ OPTIONS = [
     ("--kv-results-dir", "kv_results_dir", "where run folders are written (default: results)"),
     ("--kv-server-url", "kv_server_url", "measure this running vLLM server instead of starting one"),
     ("--kv-server-timeout", "kv_server_timeout", "seconds to wait for a server's /health (default: 600)"),
+    ("--kv-weights", "kv_weights", "weights of a model given without any: random (seeded, written once to a cache "
+                                   "folder; outputs then depend on the KV, so output checks have teeth), dummy "
+                                   "(vLLM's +-1e-3) or auto (random on a CPU, dummy on a GPU)"),
     ("--kv-dtype", "kv_dtype", "dtype of the model and its KV: auto (bfloat16 where the CPU computes it natively, "
                                "float32 otherwise; the model's own on a GPU), bfloat16, float16 or float32"),
     ("--kv-admission", "kv_admission", "the rule the admission suite guards: queue (default), static, online, "
@@ -102,7 +105,8 @@ def _value(config, name: str, fallback):
 def build_settings(config, registry) -> Settings:
     d = machine.defaults()
     block_size = parse_positive_int("--kv-block-size", _value(config, "kv_block_size", d["block_size"]))
-    model = parse_model(str(_value(config, "kv_model", d["model"])))
+    model = parse_weights(str(_value(config, "kv_weights", "auto")),
+                          parse_model(str(_value(config, "kv_model", d["model"]))), machine.has_cuda())
     lengths = parse_lengths(str(_value(config, "kv_lengths", d["lengths"])), block_size)
     check_fits_model(lengths, model)
     timeout = _value(config, "kv_server_timeout", "600")

@@ -164,6 +164,23 @@ def parse_dtype(value: str, native: tuple[str, str]) -> tuple[str, str]:
     return value, "chosen with --kv-dtype"
 
 
+def parse_weights(value: str, model: ModelInfo, on_gpu: bool) -> ModelInfo:
+    """--kv-weights: the model as served. A model with weights of its own is served with them whatever this says."""
+    if value not in ("auto", "random", "dummy"):
+        raise OptionError(f"--kv-weights {value!r}: expected auto, random or dummy")
+    if value == "dummy" or model.has_weights or (value == "auto" and (on_gpu or model.config.get("model_type") != "llama")):
+        return model
+    from .weights import with_random_weights
+
+    try:
+        return with_random_weights(model)
+    except ModelError as exc:
+        raise OptionError(str(exc)) from None
+    except OSError as exc:
+        raise OptionError(f"--kv-weights random: cannot write the weights ({exc}); set KVOFFLOAD_CACHE to a "
+                          "writable folder or use --kv-weights dummy") from None
+
+
 def parse_model(value: str) -> ModelInfo:
     try:
         return load_model(value)

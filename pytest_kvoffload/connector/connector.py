@@ -39,6 +39,10 @@ def fingerprint(vllm_config, chunk_tokens: int) -> str:
         f"head={model.get_head_size()}",
         f"tp={parallel.tensor_parallel_size}",
         f"platform={current_platform.device_type}",
+        # Weight identity beyond the path: dummy and real weights in one folder give different KV.
+        f"load={vllm_config.load_config.load_format}",
+        f"quant={model.quantization}",
+        f"revision={model.revision}",
     ]
     return "|".join(parts)
 
@@ -82,6 +86,7 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
                 exists=lambda key: (root / f"{key}{SUFFIX}").is_file(),
                 clear=lambda: _clear_all(self.config.store_dir),
                 admit=self._admission(vllm_config),
+                counters=self._scheduler_counters,
             )
         else:
             from .worker import WorkerSide

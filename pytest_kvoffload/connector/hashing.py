@@ -30,3 +30,25 @@ def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, seed: bytes) -> list
         previous = digest.digest()
         keys.append(previous.hex())
     return keys
+
+
+def request_seed(seed: bytes, request) -> bytes | None:
+    """The chain seed of one request's keys, or None for a request that must be neither saved nor loaded.
+
+    vLLM hashes more than tokens into a block (kv_cache_utils.generate_block_hash_extra_keys): the LoRA
+    adapter, the request's cache_salt, multimodal inputs and prompt embeddings. Two requests with the
+    same tokens but another adapter or salt must not share KV, so the adapter and salt go into the seed;
+    multimodal and embedding prompts, whose KV depends on more than their token ids, are not keyed.
+    """
+    if getattr(request, "mm_features", None) or getattr(request, "prompt_embeds", None) is not None:
+        return None
+    extra = []
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        extra.append(f"lora={lora.lora_name}|{lora.lora_path}")
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        extra.append(f"cache_salt={salt}")
+    if not extra:
+        return seed
+    return hashlib.blake2b(seed + "|".join(extra).encode(), digest_size=KEY_BYTES).digest()

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .config import ConnectorConfig
-from .hashing import chunk_keys
+from .hashing import chunk_keys, request_seed
 from .metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
 
 log = logging.getLogger("pytest_kvoffload.connector")
@@ -31,7 +31,7 @@ class _Tracked:
 class SchedulerSide:
     def __init__(self, config: ConnectorConfig, block_size: int, seed: bytes,
                  exists: Callable[[str], bool], clear: Callable[[], int],
-                 admit: Callable[[int, int, int], bool] | None = None) -> None:
+                 admit: Callable[[int, int, int], bool] | None = None, counters=None) -> None:
         self.config = config
         self.block_size = block_size
         self.chunk = config.chunk_tokens
@@ -41,6 +41,7 @@ class SchedulerSide:
         # admit(prefix tokens to load, prompt tokens, locally cached tokens, ahead=[(computed, prompt)] of
         # the running requests, loading_tokens=tokens of loads in flight) -> load or recompute.
         self.admit = admit
+        self.counters = counters
         self._loading: dict[str, int] = {}  # req_id -> tokens being loaded
         self._decisions: dict[str, bool] = {}
         self._keys: dict[str, list[str]] = {}
@@ -52,10 +53,20 @@ class SchedulerSide:
         # still there would otherwise be matched and fail forever.
         self._attempted: set[str] = set()
 
-    def _keys_for(self, req_id: str, prompt: list[int]) -> list[str]:
-        keys = self._keys.get(req_id)
+    def _keys_for(self, request) -> list[str]:
+        """The request's chunk keys, made at its first lookup (vLLM looks every request up before it is
+        scheduled); none for a request that cannot be keyed (hashing.request_seed), which is then neither
+        saved nor loaded."""
+        keys = self._keys.get(request.request_id)
         if keys is None:
-            keys = self._keys[req_id] = chunk_keys(prompt, self.chunk, self.seed)
+            seed = request_seed(self.seed, request)
+            if seed is None:
+                keys = []
+                if self.counters is not None:
+                    self.counters.add("requests_not_keyed")
+            else:
+                keys = chunk_keys(list(request.prompt_token_ids or []), self.chunk, seed)
+            self._keys[request.request_id] = keys
         return keys
 
     def _admitted(self, req_id: str, load: int, prompt: int, local: int) -> bool:
@@ -76,7 +87,7 @@ class SchedulerSide:
         if request.request_id in self._attempted:
             return 0, False
         prompt = list(request.prompt_token_ids or [])
-        keys = self._keys_for(request.request_id, prompt)
+        keys = self._keys_for(request)
         stored = 0
         for key in keys:
             if not self.exists(key):
@@ -102,7 +113,7 @@ class SchedulerSide:
             self._loading[req_id] = num_external_tokens  # until the worker reports it in finished_recving
         start = self._lookups.pop(req_id, 0)
         block_ids = blocks.get_block_ids()[0]
-        keys = self._keys_for(req_id, list(request.prompt_token_ids or []))
+        keys = self._keys_for(request)
         per_chunk = self.chunk // self.block_size
         chunks: dict[int, ChunkBlocks] = {}
         for b in range(start // self.block_size, (start + num_external_tokens) // self.block_size):
@@ -116,7 +127,8 @@ class SchedulerSide:
         saving = self._saving()
         for new in scheduler_output.scheduled_new_reqs:
             prompt = list(new.prompt_token_ids or [])
-            tracked = _Tracked(prompt, self._keys_for(new.req_id, prompt), list(new.block_ids[0]))
+            # Keys come from the request's lookup; one never looked up is not saved.
+            tracked = _Tracked(prompt, self._keys.get(new.req_id, []), list(new.block_ids[0]))
             self._tracked[new.req_id] = tracked
             done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
             tracked.computed = done
