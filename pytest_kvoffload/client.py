@@ -33,7 +33,10 @@ class RequestError(RuntimeError):
     pass
 
 
-def stream_completion(endpoint: Endpoint, prompt: list[int], max_tokens: int = 1, timeout: float = 600.0) -> RequestResult:
+def stream_completion(endpoint: Endpoint, prompt: list[int], max_tokens: int = 1, timeout: float = 600.0,
+                      cache_salt: str | None = None) -> RequestResult:
+    """One streamed request. `cache_salt` (vLLM's per-request cache isolation) keeps it from sharing any
+    cached prefix with requests of another salt: a recompute of the same prompt, whatever is cached."""
     body = {
         "model": endpoint.model_name,
         "prompt": prompt,
@@ -44,6 +47,8 @@ def stream_completion(endpoint: Endpoint, prompt: list[int], max_tokens: int = 1
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
     }
+    if cache_salt:
+        body["cache_salt"] = cache_salt
     started_at = time.time()
     t0 = time.perf_counter()
     first: float | None = None

@@ -13,6 +13,21 @@ from .server import Endpoint
 from .session import KVSession
 
 
+# Greedy tokens compared with a recompute in one round of every hit cell: wrong KV changes them (on a model
+# whose weights make attention matter, weights.py), while TTFT stays the time to the first one.
+OUTPUT_TOKENS = 8
+
+
+def first_difference(got: list[int], want: list[int]) -> str | None:
+    """None when the outputs agree, else where and how they first differ."""
+    for i, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            return f"output token {i}: {a} where a recompute gives {b}"
+    if len(got) != len(want):
+        return f"{len(got)} output tokens where a recompute gives {len(want)}"
+    return None
+
+
 @dataclass
 class CellOutcome:
     cell: Cell
@@ -54,6 +69,7 @@ class CellRunner:
         self.purpose = purpose
         # Rounds number the prompts: a runner that continues a cell (first_round > 0) gets fresh ones.
         self._round = first_round
+        self._first_round = first_round
         self._prompt: Prompt | None = None
         self._before: Snapshot | None = None
         self._pending: RequestResult | None = None
@@ -80,9 +96,19 @@ class CellRunner:
         self._before = self.endpoint.metrics()
         return (self._prompt.tokens,), {}
 
+    def _checks_output(self) -> bool:
+        # The first round of each hit cell; a cold cell is its own recompute.
+        return self.cell.state is not State.COLD and self._round == self._first_round + 1
+
     def target(self, tokens: list[int]) -> RequestResult:
-        self._pending = stream_completion(self.endpoint, tokens)
+        self._pending = stream_completion(self.endpoint, tokens, OUTPUT_TOKENS if self._checks_output() else 1)
         return self._pending
+
+    def _check_output(self, result: RequestResult) -> str | None:
+        """The same prompt recomputed under a fresh cache_salt (no cache may answer it) must give the same tokens."""
+        salt = f"{self.session.salt}|recompute|{self.backend.name}|{self.cell.id}|{self._round}"
+        reference = stream_completion(self.endpoint, self._prompt.tokens, OUTPUT_TOKENS, cache_salt=salt)
+        return first_difference(result.output_token_ids, reference.output_token_ids)
 
     def _complete_round(self) -> None:
         if self._pending is None:
@@ -96,12 +122,21 @@ class CellRunner:
             # The admission rule chose to recompute: nothing may come from the tier.
             expect = Expectation(None, 0)
         problem = expect.check(result.cached_by_source)
+        output = None
+        if self._checks_output():
+            output = {"output_checked": True}
+            difference = self._check_output(result)
+            output["output_matches"] = difference is None
+            if difference:
+                output["output_difference"] = difference
+                problem = f"{problem}; {difference}" if problem else difference
         if problem:
             self.outcome.failures.append(f"round {self._round}: {problem}")
         self.outcome.results.append(result)
-        self._record(result, purpose=self.purpose, expected=expect, problem=problem)
+        self._record(result, purpose=self.purpose, expected=expect, problem=problem, output=output)
 
-    def _record(self, result: RequestResult, purpose: str, expected=None, problem: str | None = None) -> None:
+    def _record(self, result: RequestResult, purpose: str, expected=None, problem: str | None = None,
+                output: dict | None = None) -> None:
         record = {
             "backend": self.backend.name,
             "length": self.cell.length,
@@ -117,6 +152,8 @@ class CellRunner:
             record["expected_cached"] = expected.tokens
             record["verified"] = problem is None
             record["problem"] = problem
+        if output:
+            record.update(output)
         self.session.hook_measurement(record)
         self.session.record(record)
 

@@ -196,6 +196,7 @@ def pytest_configure(config):
                                           worker=worker, devices=devices,
                                           controller=distributed.is_controller(config))
     config.stash[SESSION_KEY].replay_plan = replay_plan
+    config.pluginmanager.register(PhaseClock(config.stash[SESSION_KEY]), "kvoffload-phases")
     config.pluginmanager.register(fixtures, "kvoffload-fixtures")
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -265,6 +266,16 @@ def pytest_collection_modifyitems_xdist_groups(config, items):
     distributed.group_node_ids(config, items)
 
 
+class PhaseClock:
+    """Time by test file (setup, call and teardown), for the phase line at the end of the run."""
+
+    def __init__(self, session: KVSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.session.add_phase(report.nodeid.split("::")[0], report.duration)
+
+
 def pytest_sessionfinish(session, exitstatus):
     kv = session.config.stash.get(SESSION_KEY, None)
     if kv is not None:
@@ -289,3 +300,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     terminalreporter.write_line(render(run))
     terminalreporter.write_line(f"results: {kv.writer.run_dir}")
+    if kv.phases:
+        terminalreporter.write_line("time by phase (a test file's time includes the start-ups it caused): " + ", ".join(
+            f"{name} {seconds:.0f} s" for name, seconds in sorted(kv.phases.items(), key=lambda kv: -kv[1])))

@@ -54,6 +54,11 @@ class KVSession:
         # runs the same grid.
         self.speeds: dict[str, PrefillSpeed] = {}
         self._lengths: tuple[int, ...] | None = None
+        # Seconds by phase (server start-ups, warm-ups, each test file), printed at the end of the run.
+        self.phases: dict[str, float] = {}
+
+    def add_phase(self, name: str, seconds: float) -> None:
+        self.phases[name] = self.phases.get(name, 0.0) + seconds
 
     # The run folder appears only once something is measured or started.
     @property
@@ -104,14 +109,18 @@ class KVSession:
                               self.settings.model.name)
 
         started = not self.pool.has(backend.name)
+        clock = time.monotonic()
         try:
             server = self.pool.get(backend.name, factory, self.settings.server_timeout, self.progress)
         except Exception as exc:
             self.writer.set_backend(backend.name, "failed", str(exc).splitlines()[0])
             raise
         if started:
+            self.add_phase("server start-ups", time.monotonic() - clock)
             self.writer.set_backend(backend.name, "running", argv=server.argv, log=str(server.log_path))
+            clock = time.monotonic()
             self.measure_speed(backend.name, server)
+            self.add_phase("warm-ups and prefill-speed probes", time.monotonic() - clock)
         return server
 
     def measure_speed(self, name: str, endpoint: Endpoint) -> PrefillSpeed:

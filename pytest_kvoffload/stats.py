@@ -46,5 +46,8 @@ def cell_table(measurements: list[dict]) -> list[dict]:
         row["cached_tokens_mean"] = sum(sum((m.get("cached_by_source") or {}).values()) for m in ms) / len(ms)
         row["sources"] = {s: n / len(ms) for s, n in sources.items()}
         row["verified"] = all(m.get("verified", True) for m in ms)
+        checked = [m for m in ms if m.get("output_checked")]
+        row["output_checked"] = bool(checked)
+        row["output_matches"] = all(m.get("output_matches") for m in checked) if checked else None
         rows.append(row)
     return rows

@@ -54,7 +54,7 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     kv_server.reset_prefix_cache(external=True)
     start = settled_totals(kv_server)
     rows, ttft = [], {}
-    for length in kv_settings.lengths:
+    for length in kv_session.lengths:
         times = {"cold": [], "device": [], "disk": []}
         for r in range(kv_settings.rounds):
             tokens = make_prompt(length, 1.0, salt=f"{kv_session.salt}|disk-speed|{r}",

@@ -8,7 +8,7 @@ import time
 
 from pytest_kvoffload.backends import kvoffload_store_dir
 from pytest_kvoffload.client import measure
-from pytest_kvoffload.connector.store import read_header
+from pytest_kvoffload.connector.store import HEADER_SIZE, read_header
 from pytest_kvoffload.prompts import expected_cached, make_prompt
 
 pytestmark = [pytest.mark.server,
@@ -50,7 +50,7 @@ def test_disk_hit_gives_the_cold_output_and_loads_the_block_aligned_prefix(kv_se
     assert counter(hit, "useful_bytes_read") > 0
 
 
-def test_partial_match_loads_exactly_the_shared_chunks(kv_server, prompts, store):
+def test_partial_match_loads_exactly_the_shared_chunks(kv_server, kv_settings, prompts, store):
     shared = prompts(2048, 0.6, "a")
     kv_server.reset_prefix_cache(external=True)
     measure(kv_server, shared.tokens)
@@ -60,7 +60,8 @@ def test_partial_match_loads_exactly_the_shared_chunks(kv_server, prompts, store
     # 60% of 2,048 is 1,229 tokens: four whole 256-token chunks are shared, the fifth is not.
     assert result.cached_by_source == {"disk": 1024}
     assert counter(result, "chunks_read") == 4
-    assert counter(result, "useful_bytes_read") == 4 * CHUNK * 4096
+    # KV bytes per token follow the dtype the machine computes in (4,096 in bf16, 8,192 in float32).
+    assert counter(result, "useful_bytes_read") == 4 * CHUNK * kv_settings.kv_bytes_per_token
 
 
 def total(endpoint, name):
@@ -75,17 +76,17 @@ def wait_for_total(endpoint, name, at_least, deadline_s=30):
     return total(endpoint, name)
 
 
-def test_reads_and_writes_move_only_useful_bytes_plus_one_header(kv_server, prompts):
+def test_reads_and_writes_move_only_useful_bytes_plus_one_header(kv_server, kv_settings, prompts):
     kv_server.reset_prefix_cache(external=True)
     written_before = total(kv_server, "useful_bytes_written")
     measure(kv_server, prompts(2048, 1.0, "x").tokens)
     kv_server.reset_prefix_cache(external=False)
     hit = measure(kv_server, prompts(2048, 1.0, "x").tokens)
-    chunk_bytes = CHUNK * 4096
+    chunk_bytes = CHUNK * kv_settings.kv_bytes_per_token
     assert wait_for_total(kv_server, "useful_bytes_written", written_before + 8 * chunk_bytes) \
         == written_before + 8 * chunk_bytes
     # Read amplification: exactly one 4 KiB header per chunk, nothing copied twice.
-    assert counter(hit, "bytes_read") == counter(hit, "useful_bytes_read") + counter(hit, "chunks_read") * 4096
+    assert counter(hit, "bytes_read") == counter(hit, "useful_bytes_read") + counter(hit, "chunks_read") * HEADER_SIZE
 
 
 def chunk_file(store, index, newer_than):

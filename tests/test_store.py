@@ -62,7 +62,15 @@ def test_missing_chunk_is_a_counted_miss(tmp_path):
     assert counters.drain()["chunks_missing"] == 1
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "magic"])
+def swap_blocks(data: bytearray) -> bytearray:
+    """Two blocks of one layer swapped in place: every byte still there, only their order wrong."""
+    first, second = HEADER_SIZE, HEADER_SIZE + LAYOUT.block_bytes
+    a, b = data[first:second], data[second:second + LAYOUT.block_bytes]
+    data[first:second], data[second:second + LAYOUT.block_bytes] = b, a
+    return data
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "magic", "swap"])
 def test_damaged_chunk_is_a_miss_and_removed(tmp_path, damage):
     counters = Counters()
     store = make_store(tmp_path, counters=counters)
@@ -73,6 +81,8 @@ def test_damaged_chunk_is_a_miss_and_removed(tmp_path, damage):
         data = data[: len(data) // 2]
     elif damage == "flip":
         data[HEADER_SIZE + 100] ^= 0xFF
+    elif damage == "swap":
+        data = swap_blocks(data)
     else:
         data[:8] = b"XXXXXXXX"
     path.write_bytes(bytes(data))
@@ -189,6 +199,15 @@ def test_checksum_sees_one_flipped_bit():
     before = checksum(data)
     data[77] = 1
     assert checksum(data) != before
+
+
+def test_checksum_sees_two_blocks_swapped():
+    # The former checksum (a sum of 64-bit words) gave both orders the same value.
+    data = np.random.default_rng(3).integers(0, 255, 4 * 8192, dtype=np.uint8)
+    swapped = np.concatenate([data[8192:16384], data[:8192], data[16384:]])
+    assert checksum(swapped) != checksum(data)
+    assert int(np.add.reduce(swapped.view(np.uint64), dtype=np.uint64)) == \
+        int(np.add.reduce(data.view(np.uint64), dtype=np.uint64))
 
 
 def test_config_from_extra():

@@ -12,6 +12,9 @@ DEFAULT_CHUNK_TOKENS = 256
 ADMISSION_MODES = ("queue", "static", "online", "always", "never")
 
 
+FAULTS = ("zero", "shift", "alternate")
+
+
 class ConnectorConfigError(ValueError):
     pass
 
@@ -47,13 +50,16 @@ class ConnectorConfig:
     # sync: the step that computes the request loads first (no extra scheduler round trips).
     load_mode: str = "async"
     admission: str = "queue"  # static | online | queue (need `calibration`) | always | never: see admission.py
+    # Test-only fault injection: load wrong KV that passes every file check, to prove output checks see it.
+    # zero: loaded blocks zeroed; shift: each block gets its chunk's previous block; alternate: by turns.
+    fault: str | None = None
 
     @classmethod
     def from_extra(cls, extra: dict, block_size: int) -> "ConnectorConfig":
         """Keys: store_dir, capacity_gb, chunk_tokens, io_threads, direct_io, read_gbps, calibration, load_mode,
         admission."""
         known = {"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps", "calibration",
-                 "load_mode", "admission"}
+                 "load_mode", "admission", "fault"}
         unknown = set(extra) - known
         if unknown:
             raise ConnectorConfigError(
@@ -82,6 +88,9 @@ class ConnectorConfig:
         if admission not in ADMISSION_MODES:
             raise ConnectorConfigError(
                 f"kvoffload connector: admission {admission!r} must be one of {', '.join(ADMISSION_MODES)}")
+        fault = extra.get("fault") or None
+        if fault is not None and fault not in FAULTS:
+            raise ConnectorConfigError(f"kvoffload connector: fault {fault!r} must be one of {', '.join(FAULTS)}")
         direct = extra.get("direct_io", True)
         if isinstance(direct, str):
             direct = direct.lower() not in ("0", "false", "no", "off")
@@ -95,4 +104,5 @@ class ConnectorConfig:
             calibration=Path(extra["calibration"]) if extra.get("calibration") else None,
             load_mode=load_mode,
             admission=admission,
+            fault=fault,
         )

@@ -189,8 +189,19 @@ class WorkerSide:
         buffer = self._buffer()
         if not self.store.read(chunk.key, buffer):
             return False, time.perf_counter()
-        self._scatter(self._views(buffer), [i for i, _ in chunk.blocks], [b for _, b in chunk.blocks])
+        src = self._views(buffer)
+        if self.config.fault:
+            src = self._planted(src)
+        self._scatter(src, [i for i, _ in chunk.blocks], [b for _, b in chunk.blocks])
         return True, time.perf_counter()
+
+    def _planted(self, src: torch.Tensor) -> torch.Tensor:
+        """Wrong KV for fault-injection tests (config.fault): it passed the store's checks, as a bug would."""
+        fault = self.config.fault
+        if fault == "alternate":
+            self._faults = getattr(self, "_faults", 0) + 1
+            fault = "zero" if self._faults % 2 else "shift"
+        return torch.zeros_like(src) if fault == "zero" else torch.roll(src, 1, dims=1)
 
     def _scatter(self, src: torch.Tensor, index: list[int], ids: list[int]) -> None:
         # A chunk's blocks are loaded as one run (the prefix ends inside the chunk): a slice, not a gather.

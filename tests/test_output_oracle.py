@@ -1,0 +1,75 @@
+"""Wrong KV must change the answer: the output oracle has teeth on the test model, and is blind on dummy weights.
+
+The connector's test-only `fault` option loads wrong KV that passes every file check (blocks zeroed, or
+each block given its chunk's previous block), as a bug in the scheduler's block mapping would. On the
+seeded random-weight model (weights.py) the greedy output of such a hit must differ from the cold one in
+at least 19 of 20 trials; on vLLM's dummy weights (+-1e-3) it mostly does not, which is why output
+checks run on the random-weight model.
+"""
+
+import pytest
+
+from pytest_kvoffload.backends import with_connector_options
+from pytest_kvoffload.cells import Cell, State
+from pytest_kvoffload.client import measure
+from pytest_kvoffload.measure import OUTPUT_TOKENS, CellRunner
+from pytest_kvoffload.models import load_model
+from pytest_kvoffload.prompts import make_prompt
+
+pytestmark = [pytest.mark.server,
+              pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")]
+
+TRIALS = 20
+LENGTH = 768  # three 256-token chunks, the last one partly loaded
+
+
+def planted(kv_session, kv_backend, weights: str):
+    if weights == "dummy":
+        dummy = load_model(kv_session.settings.model.name).path  # the shipped config, no weights
+        return with_connector_options(kv_backend, "fault-dummy", fault="alternate",
+                                      server_args=("--model", str(dummy), "--load-format", "dummy"))
+    return with_connector_options(kv_backend, "fault", fault="alternate")
+
+
+def wrong_kv_seen(kv_session, backend) -> int:
+    """Trials (of TRIALS) in which a hit loaded with wrong KV answered differently from the cold request."""
+    endpoint = kv_session.endpoint(backend)
+    seen = 0
+    for trial in range(TRIALS):
+        tokens = make_prompt(LENGTH, 1.0, salt=f"{kv_session.salt}|oracle|{backend.name}|{trial}",
+                             vocab_size=kv_session.settings.model.vocab_size).tokens
+        cold = measure(endpoint, tokens, max_tokens=OUTPUT_TOKENS)
+        endpoint.reset_prefix_cache(external=False)
+        hit = measure(endpoint, tokens, max_tokens=OUTPUT_TOKENS)
+        assert hit.cached_by_source.get("disk"), f"trial {trial}: nothing was loaded from disk ({hit.cached_by_source})"
+        seen += hit.output_token_ids != cold.output_token_ids
+    kv_session.pool.release(backend.name)
+    return seen
+
+
+def test_wrong_kv_changes_the_answer_on_the_test_model(kv_session, kv_backend):
+    if not kv_session.settings.model.has_weights:
+        pytest.skip("the run serves dummy weights (--kv-weights dummy): outputs cannot see wrong KV")
+    seen = wrong_kv_seen(kv_session, planted(kv_session, kv_backend, "random"))
+    kv_session.add_benchmark("output oracle", f"wrong KV seen in {seen} of {TRIALS} trials on the random-weight model",
+                             {"random_weights_seen": seen, "trials": TRIALS})
+    assert seen >= TRIALS - 1, f"wrong KV changed the output in only {seen} of {TRIALS} trials"
+
+
+def test_dummy_weights_are_blind_to_wrong_kv(kv_session, kv_backend):
+    seen = wrong_kv_seen(kv_session, planted(kv_session, kv_backend, "dummy"))
+    kv_session.add_benchmark("output oracle on dummy weights",
+                             f"wrong KV seen in {seen} of {TRIALS} trials on vLLM's dummy weights (+-1e-3)",
+                             {"dummy_weights_seen": seen, "trials": TRIALS})
+    assert seen < TRIALS - 1, "dummy weights now see wrong KV: output checks could use them"
+
+
+def test_a_cell_that_loads_wrong_kv_fails_naming_backend_cell_and_token(kv_session, kv_backend):
+    if not kv_session.settings.model.has_weights:
+        pytest.skip("the run serves dummy weights (--kv-weights dummy)")
+    backend = with_connector_options(kv_backend, "fault-zero", fault="zero")
+    outcome = CellRunner(kv_session, backend, kv_session.endpoint(backend), Cell(1024, 1.0, State.TIER_HIT)).run(2)
+    kv_session.pool.release(backend.name)
+    assert len(outcome.failures) == 1 and outcome.failures[0].startswith("round 1: output token "), outcome.failures
+    record = [m for m in kv_session.measurements(backend.name) if m.get("output_checked")]
+    assert record and record[0]["output_matches"] is False and "output token" in record[0]["problem"]
