@@ -2,8 +2,8 @@
 
 import pytest
 
-from pytest_kvoffload.admission_check import (Grid, Round, median_bound, missed_gains, paid_cells, slower_hits,
-                                              verdict)
+from pytest_kvoffload.admission_check import Grid, Round, missed_gains, paid_cells, slower_hits
+from pytest_kvoffload.paired import median_bound, verdict, within_cap
 
 # A control grid as the slowed drive makes it: short prefixes cost more to load than to recompute,
 # long ones pay (median ratios 1.25 and 0.70), one cell near the tie.
@@ -73,3 +73,9 @@ def test_median_bound_is_the_order_statistic_with_95_percent_coverage():
 @pytest.mark.parametrize("n", [5, 7, 9, 20])
 def test_identical_rounds_are_no_difference(n):
     assert verdict([1.0] * n) == "same"
+
+
+def test_engines_twice_as_fast_with_a_connector_are_not_equal():
+    # What the CPU core reservation did before every server got the same one (docs/machines.md).
+    assert not within_cap([150 / 270, 148 / 296, 150 / 268, 151 / 270, 152 / 262])
+    assert within_cap([276 / 262, 271 / 262, 304 / 263, 262 / 270, 280 / 265])
