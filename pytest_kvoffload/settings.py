@@ -164,11 +164,19 @@ def parse_dtype(value: str, native: tuple[str, str]) -> tuple[str, str]:
     return value, "chosen with --kv-dtype"
 
 
+# --kv-weights auto writes random weights only for models this small (tiny-llama: 55M parameters, 220 MB in
+# float32); a 3B model would be 12 GB of cache for a CPU run nobody should make with it.
+AUTO_RANDOM_MAX_PARAMS = 200_000_000
+
+
 def parse_weights(value: str, model: ModelInfo, on_gpu: bool) -> ModelInfo:
     """--kv-weights: the model as served. A model with weights of its own is served with them whatever this says."""
     if value not in ("auto", "random", "dummy"):
         raise OptionError(f"--kv-weights {value!r}: expected auto, random or dummy")
-    if value == "dummy" or model.has_weights or (value == "auto" and (on_gpu or model.config.get("model_type") != "llama")):
+    if value == "dummy" or model.has_weights:
+        return model
+    if value == "auto" and (on_gpu or model.config.get("model_type") != "llama"
+                            or model.parameter_count() > AUTO_RANDOM_MAX_PARAMS):
         return model
     from .weights import with_random_weights
 
