@@ -111,6 +111,7 @@ def burst_record(backend, length, fraction, r, purpose, result) -> dict:
     record = {"backend": backend.name, "length": length, "fraction": fraction, "state": "tier-hit", "round": r,
               "purpose": purpose, **result.to_dict()}
     record.pop("output_token_ids", None)
+    record.pop("top_logprobs", None)
     return record
 
 

@@ -21,6 +21,8 @@ class RequestResult:
     server_ttft_s: float | None = None
     server_queue_s: float | None = None
     output_token_ids: list[int] = field(default_factory=list)
+    # Per output token, the most likely tokens' logprobs (only when asked for with `logprobs`).
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
     cached_by_source: dict[str, int] = field(default_factory=dict)
     connector: dict[str, float] = field(default_factory=dict)
     started_at: float = 0.0
@@ -34,7 +36,7 @@ class RequestError(RuntimeError):
 
 
 def stream_completion(endpoint: Endpoint, prompt: list[int], max_tokens: int = 1, timeout: float = 600.0,
-                      cache_salt: str | None = None) -> RequestResult:
+                      cache_salt: str | None = None, logprobs: int | None = None) -> RequestResult:
     """One streamed request. `cache_salt` (vLLM's per-request cache isolation) keeps it from sharing any
     cached prefix with requests of another salt: a recompute of the same prompt, whatever is cached."""
     body = {
@@ -49,6 +51,10 @@ def stream_completion(endpoint: Endpoint, prompt: list[int], max_tokens: int = 1
     }
     if cache_salt:
         body["cache_salt"] = cache_salt
+    if logprobs:
+        # Without a tokenizer, tokens can only be named by id ("token_id:123").
+        body.update(logprobs=logprobs, return_tokens_as_token_ids=True)
+    top: list[dict[int, float]] = []
     started_at = time.time()
     t0 = time.perf_counter()
     first: float | None = None
@@ -71,6 +77,8 @@ def stream_completion(endpoint: Endpoint, prompt: list[int], max_tokens: int = 1
                 if first is None:
                     first = time.perf_counter() - t0
                 tokens.extend(choice.get("token_ids") or [])
+                for step in (choice.get("logprobs") or {}).get("top_logprobs") or []:
+                    top.append({int(name.rsplit(":", 1)[-1]): lp for name, lp in (step or {}).items()})
             if chunk.get("usage"):
                 usage = chunk["usage"]
                 metrics = chunk.get("metrics") or {}
@@ -88,6 +96,7 @@ def stream_completion(endpoint: Endpoint, prompt: list[int], max_tokens: int = 1
         server_ttft_s=ttft_ms / 1000 if ttft_ms is not None else None,
         server_queue_s=queue_ms / 1000 if queue_ms is not None else None,
         output_token_ids=tokens,
+        top_logprobs=top,
         started_at=started_at,
     )
 

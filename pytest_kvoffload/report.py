@@ -6,6 +6,8 @@ from collections import defaultdict
 
 from tabulate import tabulate
 
+from .stats import excluded
+
 
 def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:,.0f}"
@@ -68,6 +70,12 @@ def render(run: dict) -> str:
             lines.append(decisions)
         lines.append("")
     lines.extend(break_even_lines(run.get("analysis") or {}))
+    dropped = excluded(run.get("measurements") or [])
+    if dropped:
+        lines.append(f"excluded from every cell, fit and calibration: {len(dropped)} unverified requests")
+        lines.extend(f"  {m['backend']} {m['length']} tokens, {m['fraction']:g} cached, {m['state']}, round {m['round']}: "
+                     f"{m.get('problem')}" for m in dropped[:20])
+        lines.append("")
     for name, bench in (run.get("benchmarks") or {}).items():
         lines.append(f"{name}:")
         lines.append(bench.get("text", ""))

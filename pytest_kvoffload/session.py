@@ -56,6 +56,7 @@ class KVSession:
         self._lengths: tuple[int, ...] | None = None
         # Seconds by phase (server start-ups, warm-ups, each test file), printed at the end of the run.
         self.phases: dict[str, float] = {}
+        self._starts = 0
 
     def add_phase(self, name: str, seconds: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + seconds
@@ -126,8 +127,10 @@ class KVSession:
     def measure_speed(self, name: str, endpoint: Endpoint) -> PrefillSpeed:
         """Warm a fresh server up and time its cold prefill; the first measurement fixes the grid."""
         s = self.settings
+        # Fresh prompts for every start: a restarted server's tier may still hold the last start's.
+        self._starts += 1
         speed = measure_prefill(endpoint, max(s.lengths), s.max_model_len, s.max_prefill_s,
-                                f"{self.salt}|{name}", s.model.vocab_size)
+                                f"{self.salt}|{name}|start{self._starts}", s.model.vocab_size)
         self.speeds[name] = speed
         self.writer.set_backend(name, self.writer.data["backends"][name]["status"], prefill=speed.to_dict())
         self.progress(f"{name}: warmed up; {speed.describe()} ({s.dtype})")

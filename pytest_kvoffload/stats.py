@@ -25,11 +25,19 @@ def summarize(values: list[float]) -> dict:
     }
 
 
+def excluded(measurements: list[dict]) -> list[dict]:
+    """Measured requests that failed verification (wrong source, wrong output): kept out of every cell."""
+    return [m for m in measurements if m.get("purpose", "measure") == "measure" and m.get("verified") is False]
+
+
 def cell_table(measurements: list[dict]) -> list[dict]:
-    """One row per (backend, length, fraction, state): TTFT statistics and where the hits came from."""
+    """One row per (backend, length, fraction, state): TTFT statistics and where the hits came from.
+
+    Only verified requests count: a hit that came from the wrong place, or answered differently from a
+    recompute, must not feed a fit, a calibration or a comparison (see `excluded`)."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for m in measurements:
-        if m.get("purpose", "measure") != "measure":
+        if m.get("purpose", "measure") != "measure" or m.get("verified") is False:
             continue
         groups[tuple(m[k] for k in CELL_KEYS)].append(m)
     rows = []

@@ -21,3 +21,15 @@ def test_expectation_per_state():
     cell = Cell(1024, 1.0, State.TIER_HIT)
     assert expectation(cell, 1024, 128, "disk", 256) == Expectation("disk", 896)
     assert expectation(Cell(1024, 0.5, State.ENGINE_HIT), 512, 128, "disk", 256) == Expectation("device", 512)
+
+
+def test_output_comparison_names_the_first_difference_and_forgives_only_near_ties():
+    from pytest_kvoffload.measure import first_difference
+
+    assert first_difference([5, 6, 7], [5, 6, 7]) is None
+    assert first_difference([5, 9, 7], [5, 6, 7]) == "output token 1: 9 where a recompute gives 6"
+    near_tie = [{5: -0.1}, {6: -0.70, 9: -0.75}, {7: -0.2}]
+    assert first_difference([5, 9, 1], [5, 6, 7], near_tie) is None
+    clear = [{5: -0.1}, {6: -0.2, 9: -2.5}, {7: -0.2}]
+    assert first_difference([5, 9, 7], [5, 6, 7], clear) == "output token 1: 9 where a recompute gives 6"
+    assert first_difference([5, 4, 7], [5, 6, 7], near_tie).startswith("output token 1")  # 4 not a contender

@@ -7,7 +7,8 @@ import pytest
 import time
 
 from pytest_kvoffload.backends import kvoffload_store_dir
-from pytest_kvoffload.client import measure
+from pytest_kvoffload.client import measure, stream_completion
+from pytest_kvoffload.measure import first_difference
 from pytest_kvoffload.connector.store import HEADER_SIZE, read_header
 from pytest_kvoffload.prompts import expected_cached, make_prompt
 
@@ -30,6 +31,18 @@ def prompts(kv_session, request):
     return make
 
 
+def cold_answer(endpoint, tokens, tag):
+    """The prompt recomputed under a fresh cache_salt (no cache may answer it), with its top logprobs."""
+    return stream_completion(endpoint, tokens, OUT, cache_salt=f"cold|{tag}|{time.time()}", logprobs=2)
+
+
+def assert_same_answer(hit, cold):
+    # Equal greedy tokens, up to a near-tie in the recompute's logprobs (measure.first_difference).
+    difference = first_difference(hit.output_token_ids, cold.output_token_ids, cold.top_logprobs)
+    margins = [sorted(top.values(), reverse=True)[:2] for top in cold.top_logprobs]
+    assert difference is None and len(cold.output_token_ids) == OUT, f"{difference}; recompute's top-2 logprobs {margins}"
+
+
 def counter(result, name):
     return result.connector.get(f"kvoffload:{name}_total", 0)
 
@@ -39,14 +52,12 @@ def test_disk_hit_gives_the_cold_output_and_loads_the_block_aligned_prefix(kv_se
     # 4,500 tokens take three prefill steps on the CPU build: every chunk must still be saved.
     primer, target = prompts(length, fraction, "prime"), prompts(length, fraction, "measure")
     kv_server.reset_prefix_cache(external=True)
-    cold = measure(kv_server, target.tokens, max_tokens=OUT)
-    assert sum(cold.cached_by_source.values()) == 0
-    kv_server.reset_prefix_cache(external=True)
+    cold = cold_answer(kv_server, target.tokens, "disk-hit")
     measure(kv_server, primer.tokens)
     kv_server.reset_prefix_cache(external=False)
     hit = measure(kv_server, target.tokens, max_tokens=OUT)
     assert hit.cached_by_source == {"disk": expected_cached(len(target.prefix), length, BLOCK, CHUNK)}
-    assert hit.output_token_ids == cold.output_token_ids and len(cold.output_token_ids) == OUT
+    assert_same_answer(hit, cold)
     assert counter(hit, "useful_bytes_read") > 0
 
 
@@ -122,7 +133,7 @@ def test_damaged_store_files_become_misses_with_cold_output(kv_server, prompts, 
     else:
         _damage(second, fault)
     result = measure(kv_server, prompt.tokens, max_tokens=OUT)
-    assert result.output_token_ids == cold.output_token_ids
+    assert_same_answer(result, cold_answer(kv_server, prompt.tokens, f"damaged-{fault}"))
     disk = result.cached_by_source.get("disk", 0)
     if count:
         assert counter(result, count) == 1
@@ -140,7 +151,7 @@ def test_vanished_store_folder_declines_saves_and_serves(kv_server, prompts, sto
         first = measure(kv_server, prompt.tokens, max_tokens=OUT)
         kv_server.reset_prefix_cache(external=False)
         second = measure(kv_server, prompt.tokens, max_tokens=OUT)
-        assert second.output_token_ids == first.output_token_ids
+        assert_same_answer(second, cold_answer(kv_server, prompt.tokens, "vanished"))
         assert sum(second.cached_by_source.values()) == 0
         assert counter(first, "write_errors_vanished") + counter(second, "write_errors_vanished") >= 1
         assert not store.exists()
@@ -157,4 +168,47 @@ def test_a_restarted_server_serves_disk_hits_from_the_same_store(kv_session, kv_
     assert restarted.port != kv_server.port
     hit = measure(restarted, prompt.tokens, max_tokens=OUT)
     assert hit.cached_by_source == {"disk": 896}
-    assert hit.output_token_ids == cold.output_token_ids
+    assert_same_answer(hit, cold_answer(restarted, prompt.tokens, "restarted"))
+
+
+def test_a_tier_load_on_top_of_a_partial_engine_hit(kv_server, prompts):
+    # The first 512 tokens stay in the engine's cache, the next ones come from disk: the load starts
+    # at a block inside the prompt (update_state_after_alloc with start > 0).
+    full = prompts(2048, 1.0, "full")
+    kv_server.reset_prefix_cache(external=True)
+    measure(kv_server, full.tokens)                      # every chunk on disk
+    kv_server.reset_prefix_cache(external=False)
+    measure(kv_server, full.tokens[:600])                # the first 512 tokens back in the engine only
+    hit = measure(kv_server, full.tokens, max_tokens=OUT)
+    assert hit.cached_by_source.get("device") == 512 and hit.cached_by_source.get("disk") == 2048 - 128 - 512
+    assert_same_answer(hit, cold_answer(kv_server, full.tokens, "partial"))
+
+
+def test_a_prefix_ending_inside_a_block_and_inside_a_chunk(kv_server, prompts):
+    # 700 shared tokens: two whole chunks (512), then 188 tokens of a third chunk, ending mid-block.
+    shared = prompts(1400, 0.5, "a")
+    kv_server.reset_prefix_cache(external=True)
+    measure(kv_server, shared.tokens)
+    kv_server.reset_prefix_cache(external=False)
+    other = prompts(1400, 0.5, "b")
+    hit = measure(kv_server, other.tokens, max_tokens=OUT)
+    assert hit.cached_by_source == {"disk": 512}
+    assert_same_answer(hit, cold_answer(kv_server, other.tokens, "inside"))
+
+
+def test_two_concurrent_requests_sharing_a_prefix_while_it_loads(kv_server, kv_settings, prompts):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pytest_kvoffload.server import Endpoint
+
+    first, second = prompts(2048, 0.75, "one"), prompts(2048, 0.75, "two")
+    kv_server.reset_prefix_cache(external=True)
+    measure(kv_server, prompts(2048, 0.75, "primer").tokens)
+    kv_server.reset_prefix_cache(external=False)
+    other = Endpoint(kv_server.url, kv_server.model_name)  # one HTTP session per thread
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(stream_completion, other, second.tokens, OUT)
+        a = stream_completion(kv_server, first.tokens, OUT)
+        b = pending.result()
+    assert_same_answer(a, cold_answer(kv_server, first.tokens, "one"))
+    assert_same_answer(b, cold_answer(kv_server, second.tokens, "two"))

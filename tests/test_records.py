@@ -84,3 +84,20 @@ def test_report_counts_admission_decisions(tmp_path):
     writer.add_measurement(hit)
     writer.finish("complete", cell_table(writer.data["measurements"]))
     assert "admission: 0 loads admitted, 1 declined (896 tokens recomputed instead)" in render(read_run(tmp_path))
+
+
+def test_unverified_requests_feed_no_cell_and_are_listed():
+    from pytest_kvoffload.report import render
+    from pytest_kvoffload.stats import cell_table
+
+    def m(ttft, verified, problem=None):
+        return {"backend": "kvoffload-disk", "length": 1024, "fraction": 1.0, "state": "tier-hit", "round": 1,
+                "purpose": "measure", "client_ttft_s": ttft, "prompt_tokens": 1024, "cached_by_source": {"disk": 896},
+                "verified": verified, "problem": problem}
+
+    measurements = [m(0.05, True), m(0.06, True), m(9.0, False, "expected 896 cached tokens from 'disk', got 0")]
+    (cell,) = cell_table(measurements)
+    assert cell["ttft"]["n"] == 2 and cell["ttft"]["max"] == 0.06
+    text = render({"run_id": "r", "status": "complete", "measurements": measurements, "cells": [cell], "backends": {}})
+    assert "excluded from every cell, fit and calibration: 1 unverified requests" in text
+    assert "kvoffload-disk 1024 tokens, 1 cached, tier-hit, round 1: expected 896 cached tokens" in text
