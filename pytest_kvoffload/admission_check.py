@@ -180,7 +180,9 @@ def run_admission(session, backend: Backend, mode: str, rounds: int) -> Admissio
         drive = slow_drive(prefixes, RecomputeFit(**fit["recompute"]), fit["tier"]["fixed_s"], kv_bytes)
         session.progress(f"admission: the control lacked {'slower' if not slower_hits(control) else 'paying'} "
                          f"cells; from its own cells, {drive.describe()}")
-    overlap_probes = run_bursts(session, slow, session.endpoint(slow), lengths, fractions, step, 3)
+    # Probes behind a queue cost a long prefill each: at the longest length only, where loads are largest.
+    burst_lengths = lengths[-1:]
+    overlap_probes = run_bursts(session, slow, session.endpoint(slow), burst_lengths, fractions, step, 3)
     session.pool.release(slow.name)
     analysis = analyse(session.cells(slow.name), kv_bytes, {slow.name: backend.tier})
     calibration = build_calibration(analysis, settings, session.writer.data["environment"])
@@ -194,7 +196,7 @@ def run_admission(session, backend: Backend, mode: str, rounds: int) -> Admissio
     session.progress(f"admission: guarded grid on {guarded_backend.name} (rule {mode}, {rounds} rounds)")
     endpoint = session.endpoint(guarded_backend)
     guarded = run_grid(session, guarded_backend, endpoint, lengths, fractions, rounds)
-    bursts = run_bursts(session, guarded_backend, endpoint, lengths, fractions, step, max(3, settings.rounds))
+    bursts = run_bursts(session, guarded_backend, endpoint, burst_lengths, fractions, step, max(3, settings.rounds))
     session.pool.release(guarded_backend.name)
     run = AdmissionRun(drive, step, control, guarded, calibration, bursts, mode)
     session.add_benchmark("admission", summary(run, break_even_lines(analysis)),

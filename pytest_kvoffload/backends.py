@@ -60,6 +60,10 @@ class Backend:
     reset_tier: Callable[[LaunchContext], None] | None = None
     prime_requests: int = 1
     evict_connector: bool = False
+    # Proof that a tier hit was a load, from the connector's own counters: (counter deltas of the request,
+    # tokens expected from the tier, KV bytes per token) -> None, or what is wrong. vLLM's per-source
+    # counter moves when the scheduler accepts external tokens, even when every load then fails.
+    load_proof: Callable[[dict, int, int], str | None] | None = None
 
     def unavailable_reason(self) -> str | None:
         if self.needs_cuda and not machine.has_cuda():
@@ -199,6 +203,22 @@ def _lmcache_disk(ctx: LaunchContext) -> ServerSpec:
     return ServerSpec(args=["--kv-transfer-config", json.dumps(config)], env=env)
 
 
+# kvoffload-disk counters that say a load did not deliver what was promised.
+KVOFFLOAD_LOAD_FAILURES = ("blocks_load_failed", "chunks_corrupt", "chunks_missing", "chunks_foreign", "read_errors")
+
+
+def kvoffload_load_proof(connector: dict, tokens: int, kv_bytes_per_token: int) -> str | None:
+    failed = {name: connector[f"kvoffload:{name}_total"] for name in KVOFFLOAD_LOAD_FAILURES
+              if connector.get(f"kvoffload:{name}_total")}
+    if failed:
+        return f"the connector counted failed loads {failed}: the blocks were recomputed, not loaded"
+    useful = connector.get("kvoffload:useful_bytes_read_total", 0)
+    if useful < tokens * kv_bytes_per_token:
+        return (f"the connector read {useful:,.0f} useful bytes, less than the {tokens * kv_bytes_per_token:,} "
+                f"that {tokens} tokens need")
+    return None
+
+
 def _empty_folder(path: Path) -> None:
     if path.is_dir():
         for child in path.iterdir():
@@ -252,6 +272,7 @@ def builtin_backends() -> list[Backend]:
             tier="disk",
             configure=_kvoffload_disk,
             tier_granularity=_kvoffload_chunk_tokens,
+            load_proof=kvoffload_load_proof,
         ),
     ]
 

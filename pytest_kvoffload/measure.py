@@ -104,8 +104,8 @@ class CellRunner:
         return (self._prompt.tokens,), {}
 
     def _checks_output(self) -> bool:
-        # The first round of each hit cell; a cold cell is its own recompute.
-        return self.cell.state is not State.COLD and self._round == self._first_round + 1
+        # The first round of every cell; for a cold cell the check is that two computations agree.
+        return self._round == self._first_round + 1
 
     def target(self, tokens: list[int]) -> RequestResult:
         self._pending = stream_completion(self.endpoint, tokens, OUTPUT_TOKENS if self._checks_output() else 1)
@@ -129,6 +129,9 @@ class CellRunner:
             # The admission rule chose to recompute: nothing may come from the tier.
             expect = Expectation(None, 0)
         problem = expect.check(result.cached_by_source)
+        proof = self.backend.load_proof
+        if problem is None and proof is not None and self.cell.state is State.TIER_HIT and expect.tokens:
+            problem = proof(result.connector, expect.tokens, settings.kv_bytes_per_token)
         output = None
         if self._checks_output():
             output = {"output_checked": True}

@@ -104,4 +104,6 @@ def load_model(name_or_path: str) -> ModelInfo:
     missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size") if k not in config]
     if missing:
         raise ModelError(f"--kv-model {name_or_path!r}: config.json lacks {', '.join(missing)}")
-    return ModelInfo(name=folder.name if folder != shipped else name_or_path, path=folder.resolve(), config=config)
+    # A folder's model is named by the folder (an absolute path joined to SHIPPED_DIR is that path itself).
+    name = name_or_path if folder == shipped and "/" not in name_or_path else folder.resolve().name
+    return ModelInfo(name=name, path=folder.resolve(), config=config)

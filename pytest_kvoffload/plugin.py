@@ -290,7 +290,7 @@ def pytest_unconfigure(config):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     kv = config.stash.get(SESSION_KEY, None)
-    if kv is None or kv._writer is None:
+    if kv is None or not kv.has_record:
         return
     terminalreporter.section("kvoffload")
     try:

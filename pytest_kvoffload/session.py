@@ -27,6 +27,8 @@ from .stats import cell_table
 def make_run_id(model: str, when: float | None = None) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
     host = re.sub(r"[^A-Za-z0-9.-]+", "-", machine.describe()["host"] or "host")[:32]
+    # One folder name: a model given by path must not nest the run under results/.
+    model = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-.")[:48] or "model"
     return f"{stamp}-{model}-{host}"
 
 
@@ -79,6 +81,11 @@ class KVSession:
             for name in self.settings.backends:
                 self._writer.set_backend(name, "selected", description=self.registry.get(name).description)
         return self._writer
+
+    @property
+    def has_record(self) -> bool:
+        """Whether this session wrote a run record (it does once something is measured or started)."""
+        return self._writer is not None
 
     @property
     def run_dir(self) -> Path:

@@ -33,3 +33,14 @@ def test_output_comparison_names_the_first_difference_and_forgives_only_near_tie
     clear = [{5: -0.1}, {6: -0.2, 9: -2.5}, {7: -0.2}]
     assert first_difference([5, 9, 7], [5, 6, 7], clear) == "output token 1: 9 where a recompute gives 6"
     assert first_difference([5, 4, 7], [5, 6, 7], near_tie).startswith("output token 1")  # 4 not a contender
+
+
+def test_a_tier_hit_counts_only_if_the_connector_loaded_it():
+    # Seen on a real server: every chunk corrupt, the connector recomputed them all, and vLLM's
+    # per-source counter still said 2,816 tokens came from disk.
+    from pytest_kvoffload.backends import kvoffload_load_proof
+
+    corrupt = {"kvoffload:chunks_corrupt_total": 11, "kvoffload:blocks_load_failed_total": 22}
+    assert "recomputed, not loaded" in kvoffload_load_proof(corrupt, 2816, 4096)
+    assert "less than the 11,534,336" in kvoffload_load_proof({"kvoffload:useful_bytes_read_total": 4096}, 2816, 4096)
+    assert kvoffload_load_proof({"kvoffload:useful_bytes_read_total": 11 * 256 * 4096}, 2816, 4096) is None

@@ -42,3 +42,18 @@ def test_config_missing_fields(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 8}))
     with pytest.raises(ModelError, match="lacks num_hidden_layers"):
         load_model(str(tmp_path))
+
+
+def test_a_model_folder_is_named_by_the_folder_and_its_run_id_is_one_folder_name(tmp_path):
+    import json
+
+    from pytest_kvoffload.models import load_model
+    from pytest_kvoffload.session import make_run_id
+
+    folder = tmp_path / "some dir" / "hm"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"num_hidden_layers": 2, "hidden_size": 64,
+                                                    "num_attention_heads": 2, "vocab_size": 100}))
+    model = load_model(str(folder))
+    assert model.name == "hm"
+    assert "/" not in make_run_id(model.name) and "/" not in make_run_id("/odd/name with spaces")

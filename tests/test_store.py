@@ -160,7 +160,7 @@ def test_full_disk_mid_write_removes_the_temporary(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_vanished_folder_declines_writes_and_misses_reads(tmp_path):
+def test_a_vanished_folder_is_recreated_and_saves_resume(tmp_path):
     counters = Counters()
     root = tmp_path / "store"
     store = make_store(root, counters=counters)
@@ -168,11 +168,27 @@ def test_vanished_folder_declines_writes_and_misses_reads(tmp_path):
     for p in root.iterdir():
         p.unlink()
     root.rmdir()
-    assert not store.write(OTHER, filled(store))
-    assert not store.read(KEY, store.new_buffer())
+    assert not store.read(KEY, store.new_buffer())       # what was there is gone: a counted miss
+    assert store.write(OTHER, filled(store, 2))          # the folder is made again and the save lands
+    out = store.new_buffer()
+    assert store.read(OTHER, out)
     c = counters.drain()
-    assert c["write_errors_vanished"] == 1 and c["chunks_missing"] == 1
-    assert not root.exists()
+    assert c["store_recreated"] == 1 and c["chunks_missing"] == 1 and "write_errors_vanished" not in c
+    assert not store.contains(KEY) and root.is_dir()
+
+
+def test_a_folder_that_cannot_be_recreated_declines_saves(tmp_path, monkeypatch):
+    counters = Counters()
+    root = tmp_path / "store"
+    store = make_store(root, counters=counters)
+    root.rmdir()
+
+    def refused(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(os, "mkdir", refused)
+    assert not store.write(OTHER, filled(store))
+    assert counters.drain()["write_errors_vanished"] == 1
 
 
 def test_clear_empties_the_store(tmp_path):

@@ -175,8 +175,30 @@ class ChunkStore:
                               checksum(payload), self.layout.layers, self.layout.blocks, self.layout.block_bytes, index)
         buffer[:len(header)] = np.frombuffer(header, dtype=np.uint8)
         self._make_room(size)
-        tmp = self.root / f".tmp-{key}-{threading.get_ident()}"
         started = time.perf_counter()
+        error = self._write_file(key, buffer, size)
+        if error is not None and error.errno == errno.ENOENT and self._recreate():
+            error = self._write_file(key, buffer, size)  # the folder was removed under us: once more
+        if error is not None:
+            self.counters.add("writes_declined")
+            kind = {errno.ENOSPC: "full", errno.EROFS: "read-only", errno.EACCES: "read-only",
+                    errno.ENOENT: "vanished"}.get(error.errno, "write-error")
+            self.counters.add(f"write_errors_{kind.replace('-', '_')}")
+            self._once(kind, f"cannot write chunk to {self.root} ({error.strerror}); saves are skipped")
+            return False
+        self.counters.add("save_seconds", time.perf_counter() - started)
+        self.counters.add("bytes_written", size)
+        self.counters.add("useful_bytes_written", payload.size)
+        self.counters.add("chunks_written")
+        with self._lock:
+            self._lru.pop(key, None)
+            self._lru[key] = size
+            self._used += size
+        return True
+
+    def _write_file(self, key: str, buffer: np.ndarray, size: int) -> OSError | None:
+        """Write to a temporary name and rename: readers never see a partial chunk."""
+        tmp = self.root / f".tmp-{key}-{threading.get_ident()}"
         try:
             flags = os.O_CREAT | os.O_WRONLY | os.O_TRUNC | (os.O_DIRECT if self.direct_io else 0)
             fd = os.open(tmp, flags, 0o644)
@@ -196,20 +218,22 @@ class ChunkStore:
                 os.unlink(tmp)
             except OSError:
                 pass
-            self.counters.add("writes_declined")
-            kind = {errno.ENOSPC: "full", errno.EROFS: "read-only", errno.EACCES: "read-only",
-                    errno.ENOENT: "vanished"}.get(exc.errno, "write-error")
-            self.counters.add(f"write_errors_{kind.replace('-', '_')}")
-            self._once(kind, f"cannot write chunk to {self.root} ({exc.strerror}); saves are skipped")
+            return exc
+        return None
+
+    def _recreate(self) -> bool:
+        """The store folder vanished (a cleanup job, an operator): make it again, empty, and carry on."""
+        if self.root.exists():
             return False
-        self.counters.add("save_seconds", time.perf_counter() - started)
-        self.counters.add("bytes_written", size)
-        self.counters.add("useful_bytes_written", payload.size)
-        self.counters.add("chunks_written")
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return False
         with self._lock:
-            self._lru.pop(key, None)
-            self._lru[key] = size
-            self._used += size
+            self._lru.clear()
+            self._used = 0
+        self.counters.add("store_recreated")
+        log.warning("kvoffload: store folder %s vanished; recreated it empty", self.root)
         return True
 
     def _make_room(self, size: int) -> None:
