@@ -33,16 +33,15 @@ def _probe(args) -> int:
     from .probe import probe_disk
 
     try:
-        result = probe_disk(args.path, args.request_mib << 20, args.size_mib << 20, args.repeats)
+        result = probe_disk(args.path, args.request_mib << 20, args.size_mib << 20, args.repeats, args.threads)
     except (NotADirectoryError, OSError) as exc:
         print(f"kvoffload probe disk: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result.to_dict()))
     else:
-        mode = "O_DIRECT" if result.direct_io else "buffered (O_DIRECT refused), cached pages dropped"
-        print(f"{result.path}: read {result.read_gbps:.2f} GB/s, write {result.write_gbps:.2f} GB/s "
-              f"({result.request_bytes >> 20} MiB requests, {result.total_bytes >> 20} MiB, {mode})")
+        print(f"{result.path}: {result.describe()}; {result.total_bytes >> 20} MiB fresh file per pass, "
+              f"median (min to max) of {args.repeats} passes")
     return 0
 
 
@@ -115,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     disk.add_argument("path")
     disk.add_argument("--request-mib", type=_positive_int, default=4, help="bytes per request, MiB (default 4)")
     disk.add_argument("--size-mib", type=_positive_int, default=256, help="file size, MiB (default 256)")
-    disk.add_argument("--repeats", type=_positive_int, default=3)
+    disk.add_argument("--repeats", type=_positive_int, default=3, help="passes, each over a fresh file (default 3)")
+    disk.add_argument("--threads", type=_positive_int, default=2,
+                      help="I/O threads, as the connector's io_threads (default 2)")
     disk.add_argument("--json", action="store_true")
     disk.set_defaults(handler=_probe)
 
