@@ -9,9 +9,9 @@ STAMP := $(VENV)/.installed-$(EXTRA)
 # where torch's +cpu wheel is not on a local find-links folder.
 KV_PIP_ARGS ?=
 # make test runs the package's tests plus a short end-to-end grid of suites/, sharing one server per backend.
-# 512 and 1,536 tokens: loadable prefixes of 256 to 1,408 tokens, wide enough that the admission suite's
+# 384 and 1,280 tokens: loadable prefixes of 256 to 1,152 tokens, wide enough that the admission suite's
 # derived drive leaves loads that clearly pay and loads that clearly do not (its controls need both).
-TEST_GRID ?= --kv-lengths=512,1536 --kv-fractions=0.5,1.0 --kv-rounds=2 $(TEST_TRACE)
+TEST_GRID ?= --kv-lengths=384,1280 --kv-fractions=0.5,1.0 --kv-rounds=2 $(TEST_TRACE)
 # The trace-replay suite runs on a few requests of the shared Mooncake trace where it is present.
 MOONCAKE := $(wildcard ../shared/data/mooncake/synthetic_trace.jsonl)
 TEST_TRACE ?= $(if $(MOONCAKE),--kv-trace=$(MOONCAKE) --kv-trace-limit=6 --kv-trace-tokens-per-block=16 --kv-trace-time-scale=0.02)

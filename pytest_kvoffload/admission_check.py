@@ -170,14 +170,15 @@ def run_admission(session, backend: Backend, mode: str, rounds: int) -> Admissio
     #    from the control's own cells and the control run once more.
     for attempt in range(1, CONTROL_ATTEMPTS + 1):
         slow = with_connector_options(backend, f"slow{attempt}" if attempt > 1 else "slow", server_args=budget,
-                                      read_gbps=drive.gbps, admission="always")
+                                      admission="always", **drive.options())
         session.progress(f"admission: control grid on {slow.name} ({rounds} rounds, every load taken)")
         control = run_grid(session, slow, session.endpoint(slow), lengths, fractions, rounds)
         if (slower_hits(control) and paid_cells(control)) or attempt == CONTROL_ATTEMPTS:
             break
         session.pool.release(slow.name)
         fit = analyse(session.cells(slow.name), kv_bytes, {slow.name: backend.tier})[slow.name]
-        drive = slow_drive(prefixes, RecomputeFit(**fit["recompute"]), fit["tier"]["fixed_s"], kv_bytes)
+        # The fitted fixed cost includes the latency this drive added: the tier's own is what is left.
+        drive = slow_drive(prefixes, RecomputeFit(**fit["recompute"]), fit["tier"]["fixed_s"] - drive.latency_s, kv_bytes)
         session.progress(f"admission: the control lacked {'slower' if not slower_hits(control) else 'paying'} "
                          f"cells; from its own cells, {drive.describe()}")
     # Probes behind a queue cost a long prefill each: at the longest length only, where loads are largest.
@@ -191,8 +192,8 @@ def run_admission(session, backend: Backend, mode: str, rounds: int) -> Admissio
     path = session.run_dir / "admission-calibration.json"
     write_calibration(path, calibration)
     # 3. The guarded server: the same drive, the rule under test.
-    guarded_backend = with_connector_options(backend, "admission", server_args=budget, read_gbps=drive.gbps,
-                                             calibration=str(path), admission=mode)
+    guarded_backend = with_connector_options(backend, "admission", server_args=budget, calibration=str(path),
+                                             admission=mode, **drive.options())
     session.progress(f"admission: guarded grid on {guarded_backend.name} (rule {mode}, {rounds} rounds)")
     endpoint = session.endpoint(guarded_backend)
     guarded = run_grid(session, guarded_backend, endpoint, lengths, fractions, rounds)
@@ -200,7 +201,8 @@ def run_admission(session, backend: Backend, mode: str, rounds: int) -> Admissio
     session.pool.release(guarded_backend.name)
     run = AdmissionRun(drive, step, control, guarded, calibration, bursts, mode)
     session.add_benchmark("admission", summary(run, break_even_lines(analysis)),
-                          {"drive_gbps": drive.gbps, "target_prefix": drive.target_prefix, "mode": mode,
+                          {"drive": {**drive.options(), "predicted_break_even_prefix": drive.break_even_prefix},
+                           "mode": mode,
                            "calibration": calibration, "analysis": analysis,
                            "admitted_cells": [list(k) for k in guarded.admitted_cells()],
                            "declined_cells": [list(k) for k in guarded.declined_cells()],

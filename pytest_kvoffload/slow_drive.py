@@ -1,15 +1,19 @@
-"""The slowed drive and step budget of the admission suite, derived from this machine's measurements.
+"""The emulated drive and step budget of the admission suite, derived from this machine's measurements.
 
-The admission rule has something to decide only when the break-even prefix lies among the prefixes the
-grid loads: some loads must pay and some must not. Where that lies depends on the CPU (prefill speed)
-and the drive, so the drive is emulated (the connector's `read_gbps`) at the speed that puts it there:
+The admission rule has something to decide only when some of the grid's loads pay and some do not, and
+the suite's controls need both kinds clearly (beyond its 10% cap): a hit clearly slower than recompute
+and one clearly faster. Where that happens depends on the CPU (prefill speed) and the drive, so the drive
+is emulated by the connector (`read_gbps`, and `read_latency_ms` per load) with both figures solved from
+measurements of this machine:
 
 1. On the unthrottled kvoffload-disk server, measure cold, engine-hit and tier-hit cells of the grid
-   (two rounds each) and fit them (analysis.analyse): the recompute curve t(n) and the tier's fixed cost.
-2. Take the target prefix p_t between the two middle loadable prefixes (their geometric mean), so that
-   about half the grid's loads pay and half do not, and none sits at the tie.
-3. Solve load(p_t) = recompute(p_t) for the bandwidth, with analysis.load_and_recompute, the same
-   definition the rule uses: bw = p_t B / (t(p_t) - t(0) - (t_fixed - a)).
+   (two rounds each) and fit them (analysis.analyse): the recompute curve t(n) and the tier's own fixed
+   cost above a request's base cost.
+2. Ask that a load of the grid's smallest loadable prefix cost SLOW times its recompute, and of the
+   largest FAST times (analysis.load_and_recompute, the definition the rule uses). That is two linear
+   equations in the latency and the seconds per token. A bandwidth limit alone is not enough: where
+   prefill is nearly linear in length and fixed costs are small beside it (a slow CPU), a load then
+   costs nearly the same share of recompute at every length, and no cell clearly pays or clearly loses.
 """
 
 from __future__ import annotations
@@ -17,24 +21,33 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .analysis import RecomputeFit, load_and_recompute
+from .analysis import RecomputeFit, TierFit, break_even_prefix, load_and_recompute
 from .prompts import expected_cached, prefix_length
+
+SLOW = 2.0  # a load of the smallest prefix costs this many times its recompute
+FAST = 0.5  # and of the largest, this share
 
 
 class SlowDriveError(RuntimeError):
-    """No emulated drive can put the break-even prefix inside this grid; the message says why."""
+    """No emulated drive can give this grid both kinds of cell; the message says why."""
 
 
 @dataclass(frozen=True)
 class SlowDrive:
     gbps: float
-    target_prefix: float
+    latency_s: float
     prefixes: tuple[int, ...]
+    break_even_prefix: float | None
+
+    def options(self) -> dict:
+        """The connector options that emulate this drive."""
+        return {"read_gbps": self.gbps, "read_latency_ms": round(self.latency_s * 1e3, 3)}
 
     def describe(self) -> str:
-        return (f"drive slowed to {self.gbps * 1e3:,.1f} MB/s, so that the break-even prefix falls near "
-                f"{self.target_prefix:,.0f} tokens, between the grid's loadable prefixes "
-                f"{', '.join(f'{p:,}' for p in self.prefixes)}")
+        p = "-" if self.break_even_prefix is None else f"{self.break_even_prefix:,.0f}"
+        return (f"drive emulated at {self.gbps * 1e3:,.1f} MB/s with {self.latency_s * 1e3:,.1f} ms of latency a load, "
+                f"so that loading {self.prefixes[0]:,} tokens costs {SLOW:g}x their recompute and {self.prefixes[-1]:,} "
+                f"tokens {FAST:g}x (break-even near {p} tokens)")
 
 
 def loadable_prefixes(lengths, fractions, block_size: int, granularity: int) -> tuple[int, ...]:
@@ -43,26 +56,36 @@ def loadable_prefixes(lengths, fractions, block_size: int, granularity: int) -> 
     return tuple(sorted(p for p in found if p > 0))
 
 
-def target_prefix(prefixes: tuple[int, ...]) -> float:
-    if not prefixes:
-        raise SlowDriveError("the grid loads nothing (every shared prefix is shorter than one stored chunk): "
-                             "use longer --kv-lengths or larger --kv-fractions")
-    if len(prefixes) == 1:
-        return float(prefixes[0])
-    k = len(prefixes) // 2
-    return math.sqrt(prefixes[k - 1] * prefixes[k])
-
-
 def slow_drive(prefixes: tuple[int, ...], recompute: RecomputeFit, fixed_s: float, kv_bytes_per_token: int) -> SlowDrive:
-    target = target_prefix(prefixes)
-    extra, saved = load_and_recompute(target, 0, recompute, fixed_s, 0.0)
-    budget = saved - extra  # seconds the transfer may take for the load to tie recompute
-    if budget <= 0:
+    """The drive for which loads of prefixes[0] cost SLOW x and of prefixes[-1] FAST x their recompute.
+
+    fixed_s: the unthrottled tier's fixed cost as fitted (base cost included, as the rule reads it).
+    """
+    if len(prefixes) < 2:
+        raise SlowDriveError(f"the grid loads {len(prefixes)} prefix size(s) ({', '.join(map(str, prefixes)) or 'none'}); "
+                             "it needs two or more: use more --kv-lengths or --kv-fractions")
+    small, large = prefixes[0], prefixes[-1]
+    natural_small, saved_small = load_and_recompute(small, 0, recompute, fixed_s, 0.0)
+    natural_large, saved_large = load_and_recompute(large, 0, recompute, fixed_s, 0.0)
+    per_token = (FAST * saved_large - SLOW * saved_small) / (large - small)
+    if per_token <= 0:
         raise SlowDriveError(
-            f"a load of {target:,.0f} tokens costs {extra * 1e3:.0f} ms before any transfer, more than the "
-            f"{saved * 1e3:.0f} ms of recomputing it: no drive, however fast, makes loads pay here; "
-            "use longer --kv-lengths")
-    return SlowDrive(target * kv_bytes_per_token / budget / 1e9, target, prefixes)
+            f"recomputing {large:,} tokens ({saved_large * 1e3:.0f} ms) costs less than {SLOW / FAST:g}x recomputing "
+            f"{small:,} ({saved_small * 1e3:.0f} ms): the grid's prefixes span too little; use a wider --kv-lengths")
+    latency = SLOW * saved_small - per_token * small - natural_small
+    if latency < 0:
+        # The tier's own fixed cost already makes the smallest load dear enough: no latency added, and the
+        # bandwidth alone brings the largest load to FAST x its recompute.
+        latency = 0.0
+        per_token = (FAST * saved_large - natural_large) / large
+        if per_token <= 0:
+            raise SlowDriveError(
+                f"a load of {large:,} tokens costs {natural_large * 1e3:.0f} ms before any transfer, more than "
+                f"{FAST:g}x the {saved_large * 1e3:.0f} ms of recomputing it: no drive makes loads pay here; "
+                "use longer --kv-lengths")
+    bandwidth = kv_bytes_per_token / per_token
+    p_star = break_even_prefix(TierFit(bandwidth, fixed_s + latency, 0), recompute, kv_bytes_per_token)
+    return SlowDrive(bandwidth / 1e9, latency, prefixes, None if math.isinf(p_star) else p_star)
 
 
 def step_tokens(lengths, block_size: int) -> int:

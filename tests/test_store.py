@@ -237,7 +237,8 @@ def test_config_from_extra():
     ({"store_dir": "/x", "bogus": 1}, "unknown option"),
     ({"store_dir": "/x", "read_gbps": 0}, "read_gbps"),
     ({"store_dir": "/x", "admission": "eager"}, "admission 'eager' must be one of queue, static, online, always, never"),
-    ({"store_dir": "/x", "io_threads": "abc"}, "io_threads 'abc' must be a whole number of threads"),
+    ({"store_dir": "/x", "io_threads": "abc"}, "io_threads .abc. must be a whole number of threads"),
+    ({"store_dir": "/x", "read_latency_ms": -1}, "read_latency_ms -1.0 must not be negative"),
     ({"store_dir": "/x", "read_gbps": "fast"}, "read_gbps 'fast' must be a number of GB/s"),
 ])
 def test_config_errors_name_the_option(extra, match):

@@ -45,6 +45,7 @@ class ConnectorConfig:
     io_threads: int = 2
     direct_io: bool = True  # O_DIRECT where the file system allows it; buffered + page drop otherwise
     read_bytes_per_s: float | None = None  # emulate a slower drive
+    read_latency_s: float = 0.0  # and its access latency: each load's reads start this much later
     calibration: Path | None = None
     # async: the request waits in the scheduler while I/O threads read (hides loads behind queueing);
     # sync: the step that computes the request loads first (no extra scheduler round trips).
@@ -58,8 +59,8 @@ class ConnectorConfig:
     def from_extra(cls, extra: dict, block_size: int) -> "ConnectorConfig":
         """Keys: store_dir, capacity_gb, chunk_tokens, io_threads, direct_io, read_gbps, calibration, load_mode,
         admission."""
-        known = {"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps", "calibration",
-                 "load_mode", "admission", "fault"}
+        known = {"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps", "read_latency_ms",
+                 "calibration", "load_mode", "admission", "fault"}
         unknown = set(extra) - known
         if unknown:
             raise ConnectorConfigError(
@@ -81,6 +82,9 @@ class ConnectorConfig:
         read_gbps = _number(extra, "read_gbps", float, None, "a number of GB/s")
         if read_gbps is not None and read_gbps <= 0:
             raise ConnectorConfigError(f"kvoffload connector: read_gbps {read_gbps} must be above 0")
+        latency_ms = _number(extra, "read_latency_ms", float, 0.0, "a number of milliseconds")
+        if latency_ms < 0:
+            raise ConnectorConfigError(f"kvoffload connector: read_latency_ms {latency_ms} must not be negative")
         load_mode = str(extra.get("load_mode", "async"))
         if load_mode not in ("async", "sync"):
             raise ConnectorConfigError(f"kvoffload connector: load_mode {load_mode!r} must be 'async' or 'sync'")
@@ -101,6 +105,7 @@ class ConnectorConfig:
             io_threads=threads,
             direct_io=bool(direct),
             read_bytes_per_s=float(read_gbps) * 1e9 if read_gbps is not None else None,
+            read_latency_s=latency_ms / 1e3,
             calibration=Path(extra["calibration"]) if extra.get("calibration") else None,
             load_mode=load_mode,
             admission=admission,

@@ -75,8 +75,10 @@ class WorkerSide:
     def start_load_kv(self, meta: KVOffloadMetadata) -> None:
         sync = []
         for job in meta.loads:
-            # Chunks are read in parallel; the request is released when all are in.
-            futures = [self.load_pool.submit(self._load_chunk, chunk) for chunk in job.chunks]
+            # Chunks are read in parallel; the request is released when all are in. An emulated drive's
+            # access latency (read_latency_ms) holds every read of this load until it has passed.
+            not_before = time.perf_counter() + self.config.read_latency_s
+            futures = [self.load_pool.submit(self._load_chunk, chunk, not_before) for chunk in job.chunks]
             if job.sync:
                 sync.append((job, futures, time.perf_counter()))
             else:
@@ -184,8 +186,11 @@ class WorkerSide:
             stream = self._local.stream = torch.cuda.Stream(device=self.device)
         return stream
 
-    def _load_chunk(self, chunk) -> tuple[bool, float]:
+    def _load_chunk(self, chunk, not_before: float = 0.0) -> tuple[bool, float]:
         """Read one chunk and scatter its blocks into the cache; (ok, when it finished)."""
+        delay = not_before - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
         buffer = self._buffer()
         if not self.store.read(chunk.key, buffer):
             return False, time.perf_counter()
