@@ -19,12 +19,14 @@ import numpy as np
 from .backends import Backend
 from .cells import Cell, State
 from .measure import CellRunner
-from .paired import CONFIDENCE, median_bound, verdict
+from .paired import CONFIDENCE, FLOOR, median_bound, verdict
 from .prompts import expected_cached, prefix_length
 from .slow_drive import SlowDrive, SlowDriveError  # noqa: F401 (the suite catches it)
 
 # Control runs at most: the first with the drive derived from the unthrottled probe, then one from its own cells.
 CONTROL_ATTEMPTS = 2
+# Paired rounds a guarded cell that looks slower may grow to before it is judged as it stands.
+MAX_ROUNDS = 9
 
 
 @dataclass
@@ -92,7 +94,8 @@ def missed_gains(control: Grid, guarded: Grid) -> list[str]:
     return out
 
 
-def run_grid(session, backend: Backend, endpoint, lengths, fractions, rounds: int, purpose: str = "measure") -> Grid:
+def run_grid(session, backend: Backend, endpoint, lengths, fractions, rounds: int, purpose: str = "measure",
+             first_round: int = 0) -> Grid:
     """Cold, engine-hit and tier-hit rounds interleaved per length, so each hit has a cold request beside it.
 
     Engine hits of the same cells let a calibration fit the tier by pairs (analysis.py). Cells whose shared
@@ -102,13 +105,15 @@ def run_grid(session, backend: Backend, endpoint, lengths, fractions, rounds: in
     granularity = backend.granularity(settings)
     grid = Grid(backend.name)
     for length in lengths:
-        for r in range(rounds):
-            cold = CellRunner(session, backend, endpoint, Cell(length, 0.0, State.COLD), r, purpose).run(1)
+        for r in range(first_round, first_round + rounds):
+            check = r == 0  # outputs compared with a recompute once per cell
+            cold = CellRunner(session, backend, endpoint, Cell(length, 0.0, State.COLD), r, purpose, check).run(1)
             grid.failures += [f"{length}-cold: {f}" for f in cold.failures]
             for fraction in fractions:
                 engine = CellRunner(session, backend, endpoint, Cell(length, fraction, State.ENGINE_HIT), r,
-                                    purpose).run(1)
-                hit = CellRunner(session, backend, endpoint, Cell(length, fraction, State.TIER_HIT), r, purpose).run(1)
+                                    purpose, check).run(1)
+                hit = CellRunner(session, backend, endpoint, Cell(length, fraction, State.TIER_HIT), r, purpose,
+                                 check).run(1)
                 grid.failures += [f"{c.cell.id}: {f}" for c in (engine, hit) for f in c.failures]
                 if not expected_cached(prefix_length(length, fraction), length, settings.block_size, granularity):
                     continue
@@ -119,6 +124,23 @@ def run_grid(session, backend: Backend, endpoint, lengths, fractions, rounds: in
                     admitted=bool(result.connector.get("kvoffload:loads_admitted_total")),
                     declined=bool(result.connector.get("kvoffload:loads_declined_total"))))
     return grid
+
+
+def undecided_slower(grid: Grid) -> list[tuple[int, float]]:
+    """Cells whose median ratio looks slower than recompute (above 1 + FLOOR) without the confidence to say so."""
+    return sorted(key for key, rounds in grid.cells.items()
+                  if verdict([r.ratio for r in rounds]) == "same" and np.median([r.ratio for r in rounds]) > 1 + FLOOR)
+
+
+def settle_undecided(session, backend: Backend, endpoint, grid: Grid, max_rounds: int) -> None:
+    """More paired rounds, up to max_rounds, for cells that look slower but are undecided: noise is met
+    with evidence, never with a wider tolerance."""
+    for length, fraction in undecided_slower(grid):
+        rounds = grid.cells[(length, fraction)]
+        while len(rounds) < max_rounds and verdict([r.ratio for r in rounds]) == "same":
+            more = run_grid(session, backend, endpoint, [length], [fraction], 1, first_round=len(rounds))
+            grid.failures += more.failures
+            rounds += more.cells.get((length, fraction), [])
 
 
 def grid_table(grid: Grid) -> str:
@@ -197,6 +219,7 @@ def run_admission(session, backend: Backend, mode: str, rounds: int) -> Admissio
     session.progress(f"admission: guarded grid on {guarded_backend.name} (rule {mode}, {rounds} rounds)")
     endpoint = session.endpoint(guarded_backend)
     guarded = run_grid(session, guarded_backend, endpoint, lengths, fractions, rounds)
+    settle_undecided(session, guarded_backend, endpoint, guarded, MAX_ROUNDS)
     bursts = run_bursts(session, guarded_backend, endpoint, burst_lengths, fractions, step, max(3, settings.rounds))
     session.pool.release(guarded_backend.name)
     run = AdmissionRun(drive, step, control, guarded, calibration, bursts, mode)

@@ -79,3 +79,12 @@ def test_engines_twice_as_fast_with_a_connector_are_not_equal():
     # What the CPU core reservation did before every server got the same one (docs/machines.md).
     assert not within_cap([150 / 270, 148 / 296, 150 / 268, 151 / 270, 152 / 262])
     assert within_cap([276 / 262, 271 / 262, 304 / 263, 262 / 270, 280 / 265])
+
+
+def test_cells_that_look_slower_but_are_undecided_get_more_rounds_not_more_tolerance():
+    from pytest_kvoffload.admission_check import undecided_slower
+
+    g = Grid("x")
+    g.cells[(1024, 1.0)] = [Round(r, 1.0, 512, True, False) for r in (0.95, 1.02, 1.06, 1.07, 1.2)]
+    g.cells[(2048, 1.0)] = [Round(r, 1.0, 512, True, False) for r in (0.9, 0.97, 1.0, 1.02, 1.05)]
+    assert undecided_slower(g) == [(1024, 1.0)]
