@@ -6,8 +6,6 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 
-import requests
-
 from .metrics import PROMPT_TOKENS, Snapshot
 from .server import Endpoint
 

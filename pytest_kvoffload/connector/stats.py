@@ -8,7 +8,6 @@ kvoffload:* counters on /metrics.
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 # name -> help text. Counters are totals since start; "direct_io" is a 0/1 flag.
 COUNTERS = {

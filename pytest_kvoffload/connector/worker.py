@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .config import ConnectorConfig
-from .metadata import KVOffloadMetadata, KVOffloadWorkerMeta, SaveJob
+from .metadata import KVOffloadMetadata, KVOffloadWorkerMeta, LoadJob, SaveJob
 from .stats import Counters
 from .store import ALIGN, HEADER_SIZE, ChunkStore, Layout, padded
 
