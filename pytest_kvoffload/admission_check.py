@@ -16,12 +16,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .backends import Backend
+from .analysis import RecomputeFit, analyse
+from .backends import Backend, with_connector_options
+from .burst import burst_table, measured_overlap, run_bursts
+from .calibration import build_calibration, write_calibration
 from .cells import Cell, State
 from .measure import CellRunner
 from .paired import CONFIDENCE, FLOOR, median_bound, verdict
 from .prompts import expected_cached, prefix_length
-from .slow_drive import SlowDrive, SlowDriveError  # noqa: F401 (the suite catches it)
+from .report import break_even_lines
+from .slow_drive import SlowDrive, SlowDriveError, loadable_prefixes, slow_drive, step_tokens  # noqa: F401 (the suite catches SlowDriveError)
 
 # Control runs at most: the first with the drive derived from the unthrottled probe, then one from its own cells.
 CONTROL_ATTEMPTS = 2
@@ -166,13 +170,6 @@ class AdmissionRun:
 
 def run_admission(session, backend: Backend, mode: str, rounds: int) -> AdmissionRun:
     """The admission suite's measurements: drive probe, control (every load taken), guarded (the rule)."""
-    from .analysis import RecomputeFit, analyse
-    from .backends import with_connector_options
-    from .burst import measured_overlap, run_bursts
-    from .calibration import build_calibration, write_calibration
-    from .report import break_even_lines
-    from .slow_drive import loadable_prefixes, slow_drive, step_tokens
-
     settings = session.settings
     lengths, fractions = session.lengths, settings.fractions
     kv_bytes = settings.kv_bytes_per_token
@@ -235,8 +232,6 @@ def run_admission(session, backend: Backend, mode: str, rounds: int) -> Admissio
 
 
 def summary(run: AdmissionRun, calibration_lines: list[str]) -> str:
-    from .burst import burst_table
-
     tier = next(iter(run.calibration["tiers"].values()))
     p_star = tier.get("break_even_prefix_tokens")
     negative, positive = slower_hits(run.control), paid_cells(run.control)
