@@ -35,6 +35,12 @@ def first_difference(got: list[int], want: list[int], want_top: list[dict[int, f
     return None
 
 
+def recompute(endpoint: Endpoint, tokens: list[int], salt: str) -> RequestResult:
+    """The prompt under a fresh cache_salt, which no engine or tier cache may answer, with the top two
+    logprobs of each output token (first_difference forgives near-ties by them)."""
+    return stream_completion(endpoint, tokens, OUTPUT_TOKENS, cache_salt=salt, logprobs=2)
+
+
 @dataclass
 class CellOutcome:
     cell: Cell
@@ -117,7 +123,7 @@ class CellRunner:
     def _check_output(self, result: RequestResult) -> str | None:
         """The same prompt recomputed under a fresh cache_salt (no cache may answer it) must give the same tokens."""
         salt = f"{self.session.salt}|recompute|{self.backend.name}|{self.cell.id}|{self._round}"
-        reference = stream_completion(self.endpoint, self._prompt.tokens, OUTPUT_TOKENS, cache_salt=salt, logprobs=2)
+        reference = recompute(self.endpoint, self._prompt.tokens, salt)
         return first_difference(result.output_token_ids, reference.output_token_ids, reference.top_logprobs)
 
     def _complete_round(self) -> None:

@@ -19,7 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .models import ModelError, ModelInfo, load_model
+from .models import ModelError, ModelInfo
 
 STD = 0.08
 EMBED_STD = 1.0
@@ -96,7 +96,3 @@ def _write(model: ModelInfo, folder: Path, seed: int) -> None:
         shutil.rmtree(staging, ignore_errors=True)
         if not (folder / WEIGHTS_FILE).is_file():
             raise
-
-
-def materialised(name_or_path: str, seed: int = 0) -> ModelInfo:
-    return with_random_weights(load_model(name_or_path), seed)

@@ -8,7 +8,7 @@ import time
 
 from pytest_kvoffload.backends import kvoffload_store_dir
 from pytest_kvoffload.client import measure, stream_completion
-from pytest_kvoffload.measure import first_difference
+from pytest_kvoffload.measure import first_difference, recompute
 from pytest_kvoffload.connector.store import HEADER_SIZE, read_header
 from pytest_kvoffload.prompts import expected_cached, make_prompt
 
@@ -32,8 +32,7 @@ def prompts(kv_session, request):
 
 
 def cold_answer(endpoint, tokens, tag):
-    """The prompt recomputed under a fresh cache_salt (no cache may answer it), with its top logprobs."""
-    return stream_completion(endpoint, tokens, OUT, cache_salt=f"cold|{tag}|{time.time()}", logprobs=2)
+    return recompute(endpoint, tokens, f"cold|{tag}|{time.time()}")
 
 
 def assert_same_answer(hit, cold):
