@@ -18,6 +18,10 @@ from .connector.config import default_chunk_tokens
 from .settings import Settings
 
 
+class BackendConfigError(ValueError):
+    """A backend's server command that cannot work here; the message is one line for the user."""
+
+
 @dataclass(frozen=True)
 class LaunchContext:
     """What a backend may use to build its server: the run's settings and a scratch folder of its own."""
@@ -64,6 +68,11 @@ class Backend:
     # tokens expected from the tier, KV bytes per token) -> None, or what is wrong. vLLM's per-source
     # counter moves when the scheduler accepts external tokens, even when every load then fails.
     load_proof: Callable[[dict, int, int], str | None] | None = None
+    # The tier that serves a prompt's last KV block, which the engine's own cache never serves; None when
+    # the backend's connector, like the engine, leaves it to be computed (prompts.expected_cached).
+    last_block_source: str | None = None
+    # What differs on this platform from the backend as users deploy it, in one line (None: nothing).
+    platform_note: Callable[[], str | None] = lambda: None
 
     def unavailable_reason(self) -> str | None:
         if self.needs_cuda and not machine.has_cuda():
@@ -137,6 +146,9 @@ def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[lis
         # every backend keeps their engines equal.
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(settings.tensor_parallel))
     env.update(spec.env)
+    problem = offloading_spec_problem(backend.name, argv, machine.has_cuda())
+    if problem:
+        raise BackendConfigError(problem)
     return argv, env
 
 
@@ -166,9 +178,70 @@ def _kvoffload_disk(ctx: LaunchContext) -> ServerSpec:
     return ServerSpec(args=["--kv-transfer-config", json.dumps(config)])
 
 
+# vLLM's spec -> its CPU-platform twin; named here so that building a command line does not import vLLM.
+CPU_PLATFORM_SPEC_MODULE = "pytest_kvoffload.cpu_copy_worker"
+CPU_PLATFORM_SPECS = {"CPUOffloadingSpec": "CPUPlatformOffloadingSpec", "TieringOffloadingSpec": "CPUPlatformTieringSpec"}
+
+
+def offloading_spec_problem(backend: str, argv: list[str], cuda: bool) -> str | None:
+    """A server command that asks for vLLM's offloading spec on the wrong platform, in one line; else None.
+
+    vLLM's own CPU worker raises deep in the engine on a CPU platform, and the CPU-platform twin would
+    copy a GPU's KV through host memory on a GPU, so both are refused before a server starts.
+    """
+    platform = "a CUDA GPU" if cuda else "the CPU platform (no CUDA GPU)"
+    # --kv-offloading-size turns vLLM's offloading on; its backend "native" is the default.
+    if not cuda and "--kv-offloading-size" in argv and "--kv-transfer-config" not in argv:
+        return (f"{backend}: --kv-offloading-backend native uses vLLM's CPUOffloadingSpec, which needs a CUDA or "
+                f"XPU GPU; this is {platform}: use spec_name {CPU_PLATFORM_SPECS['CPUOffloadingSpec']} "
+                f"(spec_module_path {CPU_PLATFORM_SPEC_MODULE})")
+    if "--kv-transfer-config" not in argv:
+        return None
+    # argparse keeps the last occurrence, so does this check.
+    position = len(argv) - 1 - argv[::-1].index("--kv-transfer-config")
+    try:
+        config = json.loads(argv[position + 1])
+    except (IndexError, ValueError):
+        return f"{backend}: --kv-transfer-config is not valid JSON"
+    if config.get("kv_connector") != "OffloadingConnector":
+        return None
+    spec = config.get("kv_connector_extra_config", {}).get("spec_name", "CPUOffloadingSpec")
+    if not cuda and spec in CPU_PLATFORM_SPECS:
+        return (f"{backend}: vLLM's {spec} needs a CUDA or XPU GPU; this is {platform}: use "
+                f"{CPU_PLATFORM_SPECS[spec]} (spec_module_path {CPU_PLATFORM_SPEC_MODULE})")
+    twins = {twin: original for original, twin in CPU_PLATFORM_SPECS.items()}
+    if cuda and spec in twins:
+        return (f"{backend}: {spec} is the CPU-platform copy worker; this is {platform}: use vLLM's own "
+                f"{twins[spec]}")
+    return None
+
+
+def native_spec(spec: str) -> dict:
+    """Which of vLLM's offloading specs a native backend runs: vLLM's own on a GPU; on the CPU platform
+    the same spec with this package's copy worker (cpu_copy_worker.py), since vLLM's worker needs CUDA."""
+    if machine.has_cuda():
+        return {"spec_name": spec}
+    return {"spec_name": CPU_PLATFORM_SPECS[spec], "spec_module_path": CPU_PLATFORM_SPEC_MODULE}
+
+
+def native_platform_note() -> str | None:
+    if machine.has_cuda():
+        return None
+    return ("CPU platform: vLLM's offloading connector and tier managers unchanged, blocks copied by "
+            "pytest-kvoffload's CPU copy worker (vLLM's needs CUDA); only the copy differs from a GPU run")
+
+
 def _native_cpu(ctx: LaunchContext) -> ServerSpec:
     size = ctx.settings.cpu_gib
-    return ServerSpec(args=["--kv-offloading-size", str(size), "--kv-offloading-backend", "native"])
+    if machine.has_cuda():
+        return ServerSpec(args=["--kv-offloading-size", str(size), "--kv-offloading-backend", "native"])
+    # What --kv-offloading-backend native expands to (vllm/config/vllm.py), with the CPU-platform spec.
+    config = {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": int(size * 2**30), **native_spec("CPUOffloadingSpec")},
+    }
+    return ServerSpec(args=["--kv-transfer-config", json.dumps(config)])
 
 
 def _native_disk(ctx: LaunchContext) -> ServerSpec:
@@ -180,7 +253,7 @@ def _native_disk(ctx: LaunchContext) -> ServerSpec:
         "kv_connector": "OffloadingConnector",
         "kv_role": "kv_both",
         "kv_connector_extra_config": {
-            "spec_name": "TieringOffloadingSpec",
+            **native_spec("TieringOffloadingSpec"),
             "cpu_bytes_to_use": int(ctx.settings.cpu_gib * 2**30),
             "secondary_tiers": [{"type": "fs", "root_dir": str(root)}],
         },
@@ -236,9 +309,9 @@ def builtin_backends() -> list[Backend]:
             name="native-cpu",
             description="vLLM's OffloadingConnector with a CPU memory tier",
             tier="host",
-            needs_cuda=True,
-            cuda_reason="vLLM's CPU offload raises on the CPU platform (CUDA-alike and XPU GPUs only)",
             configure=_native_cpu,
+            platform_note=native_platform_note,
+            last_block_source="host",
             # vLLM 0.33's CPUOffloadingSpec stores on first sight (store_threshold defaults to 0), but a
             # store_threshold of 2 stores only on the second lookup: prime twice to be right under both.
             prime_requests=2,
@@ -258,9 +331,10 @@ def builtin_backends() -> list[Backend]:
             name="native-disk",
             description="vLLM's OffloadingConnector with a file-system tier behind a CPU tier",
             tier="disk",
-            needs_cuda=True,
-            cuda_reason="vLLM's OffloadingConnector raises on the CPU platform (CUDA-alike and XPU GPUs only)",
             configure=_native_disk,
+            platform_note=native_platform_note,
+            # The CPU tier in front of the files keeps what was just stored, the last block included.
+            last_block_source="host",
             # reset_external drains the CPU tier and keeps the files (TieringOffloadingManager.reset_cache):
             # what is left is a prefix on disk only, counted under source "disk".
             evict_connector=True,

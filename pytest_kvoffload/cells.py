@@ -54,6 +54,10 @@ class Expectation:
 
     source: str | None  # None: nothing may be cached
     tokens: int
+    # A tier's share beside the main source: the prompt's last block, which the engine's cache cannot
+    # serve and vLLM's own offloading can (prompts.expected_cached's `last_block`).
+    tail_source: str | None = None
+    tail_tokens: int = 0
 
     def check(self, cached_by_source: dict[str, int]) -> str | None:
         """None when the counters match, else a message with the numbers."""
@@ -64,19 +68,32 @@ class Expectation:
             return None
         got = cached_by_source.get(self.source, 0)
         others = {s: n for s, n in cached_by_source.items() if s != self.source and n}
-        if got != self.tokens or others:
+        tail = {self.tail_source: self.tail_tokens} if self.tail_tokens else {}
+        if got != self.tokens or others != tail:
+            expected_tail = f" and {self.tail_tokens} from {self.tail_source!r}" if tail else ""
             return (
-                f"expected {self.tokens} cached tokens from {self.source!r}, got {got}"
+                f"expected {self.tokens} cached tokens from {self.source!r}{expected_tail}, got {got}"
                 + (f" and {others} from elsewhere" if others else "")
             )
         return None
 
 
-def expectation(cell: Cell, prefix_tokens: int, block_size: int, tier: str | None, tier_granularity: int) -> Expectation:
+def expectation(cell: Cell, prefix_tokens: int, block_size: int, tier: str | None, tier_granularity: int,
+                last_block_source: str | None = None) -> Expectation:
+    """What a cell's measured request must report by source.
+
+    `last_block_source`: the tier that serves a prompt's last block when the engine cannot (None: none
+    does); it then joins an engine hit with that block and makes a tier hit cover it.
+    """
     if cell.state is State.COLD:
         return Expectation(None, 0)
     if cell.state is State.ENGINE_HIT:
-        return Expectation("device", expected_cached(prefix_tokens, cell.length, block_size))
+        device = expected_cached(prefix_tokens, cell.length, block_size)
+        if last_block_source is None:
+            return Expectation("device", device)
+        tail = expected_cached(prefix_tokens, cell.length, block_size, tier_granularity, last_block=True) - device
+        return Expectation("device", device, last_block_source, tail) if tail > 0 else Expectation("device", device)
     if tier is None:
         raise ValueError("a tier-hit cell needs a backend with an offload tier")
-    return Expectation(tier, expected_cached(prefix_tokens, cell.length, block_size, tier_granularity))
+    return Expectation(tier, expected_cached(prefix_tokens, cell.length, block_size, tier_granularity,
+                                             last_block=last_block_source is not None))

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from . import distributed, fixtures, hookspecs, machine
-from .backends import default_registry
+from .backends import BackendConfigError, LaunchContext, default_registry, server_command
 from .cells import State, grid
 from .fixtures import SESSION_KEY
 from .records import RecordError, read_run
@@ -151,13 +152,26 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def check_server_commands(settings: Settings, registry) -> None:
+    """Build every selected backend's server command once, in a throwaway folder, so that a command that
+    cannot work here (BackendConfigError) stops the run before any server starts."""
+    if settings.server_url:
+        return
+    with tempfile.TemporaryDirectory(prefix="kvoffload-preflight-") as scratch:
+        for name in settings.backends:
+            backend = registry.get(name)
+            if backend.unavailable_reason() is None:
+                server_command(backend, LaunchContext(settings, Path(scratch) / name), port=0)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
     registry = default_registry()
     config.hook.pytest_kvoffload_register_backends(registry=registry)
     try:
         settings = build_settings(config, registry)
-    except OptionError as exc:
+        check_server_commands(settings, registry)
+    except (OptionError, BackendConfigError) as exc:
         raise pytest.UsageError(str(exc)) from None
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
@@ -212,7 +226,9 @@ def pytest_report_header(config):
             f"({s.kv_bytes_per_token:,} KV bytes/token); lengths {','.join(map(str, s.lengths))}; "
             f"fractions {','.join(f'{f:g}' for f in s.fractions)}; rounds {s.rounds}; device {machine.device_kind()}",
             f"kvoffload: dtype {s.dtype}: {s.dtype_reason}; CPU {cpu['cpu']}, {cpu['cpu_count']} cores, "
-            f"flags {' '.join(cpu['cpu_flags']) or 'none of note'}"]
+            f"flags {' '.join(cpu['cpu_flags']) or 'none of note'}"] + [
+            f"kvoffload: {name}: {note}" for name in s.backends
+            if (note := session.registry.get(name).platform_note())]
 
 
 def _parametrized_by_test(metafunc, name: str) -> bool:

@@ -57,10 +57,16 @@ def make_prompt(length: int, fraction: float, *, seed: int = 0, salt: str = "", 
     return Prompt(prefix, suffix)
 
 
-def expected_cached(prefix_tokens: int, prompt_tokens: int, block_size: int, granularity: int | None = None) -> int:
+def expected_cached(prefix_tokens: int, prompt_tokens: int, block_size: int, granularity: int | None = None,
+                    last_block: bool = False) -> int:
     """Tokens a cache can serve: whole storage units of the shared prefix, cut to whole KV blocks
-    that leave at least one prompt token to compute (vLLM always computes the last one)."""
+    that leave at least one prompt token to compute (vLLM always computes the last one).
+
+    With `last_block` the cache may also serve the block that holds the prompt's last token: vLLM's
+    OffloadingConnector offers it, the scheduler takes the whole prompt as loaded and recomputes only
+    that token (`_update_waiting_for_remote_kv`); the engine's own cache never offers it.
+    """
     unit = granularity or block_size
     stored = prefix_tokens // unit * unit
-    loadable = max(0, prompt_tokens - 1) // block_size * block_size
+    loadable = (prompt_tokens if last_block else max(0, prompt_tokens - 1)) // block_size * block_size
     return min(stored, loadable)

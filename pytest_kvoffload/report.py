@@ -64,6 +64,8 @@ def render(run: dict) -> str:
             lines.append(f"{name}: {status}" + (f" ({reason})" if reason else ""))
             continue
         lines.append(f"{name}: TTFT p50 ±spread, cached tokens by source (mean per request)")
+        if entry.get("platform_note"):
+            lines.append(f"({entry['platform_note']})")
         lines.append(tabulate(tables[name], headers=HEADERS, tablefmt="simple", disable_numparse=True))
         decisions = admission_decisions(run.get("measurements") or [], name)
         if decisions:

@@ -79,7 +79,10 @@ class KVSession:
             if self.worker:
                 self._writer.set("worker", self.worker)
             for name in self.settings.backends:
-                self._writer.set_backend(name, "selected", description=self.registry.get(name).description)
+                backend = self.registry.get(name)
+                note = backend.platform_note()
+                self._writer.set_backend(name, "selected", description=backend.description,
+                                         **({"platform_note": note} if note else {}))
         return self._writer
 
     @property

@@ -16,6 +16,10 @@ def settings(**kw):
     return Settings(**base)
 
 
+def registry_needs_cuda(name):
+    return default_registry().get(name).needs_cuda
+
+
 def command(name, tmp_path, **kw):
     registry = default_registry()
     return server_command(registry.get(name), LaunchContext(settings(**kw), tmp_path), 8123)
@@ -51,10 +55,78 @@ def test_kvoffload_disk_options_pass_through(tmp_path):
     assert extra == {"store_dir": "/nvme/kv", "read_gbps": 6, "chunk_tokens": 256, "capacity_gb": 64.0}
 
 
-def test_native_cpu_uses_vllm_offloading_flags(tmp_path):
+def test_native_cpu_uses_vllm_offloading_flags_on_a_gpu(tmp_path, monkeypatch):
+    from pytest_kvoffload import machine
+    monkeypatch.setattr(machine, "has_cuda", lambda: True)
     argv, _ = command("native-cpu", tmp_path, cpu_gib=32.0)
     assert argv[argv.index("--kv-offloading-size") + 1] == "32.0"
     assert argv[argv.index("--kv-offloading-backend") + 1] == "native"
+    assert "--kv-transfer-config" not in argv
+
+
+def test_native_cpu_uses_the_cpu_platform_spec_without_a_gpu(tmp_path, monkeypatch):
+    from pytest_kvoffload import machine
+    monkeypatch.setattr(machine, "has_cuda", lambda: False)
+    argv, _ = command("native-cpu", tmp_path, cpu_gib=1.0)
+    assert "--kv-offloading-backend" not in argv
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert config["kv_connector"] == "OffloadingConnector" and config["kv_role"] == "kv_both"
+    assert config["kv_connector_extra_config"] == {
+        "cpu_bytes_to_use": 2**30, "spec_name": "CPUPlatformOffloadingSpec",
+        "spec_module_path": "pytest_kvoffload.cpu_copy_worker"}
+
+
+def test_cpu_platform_spec_names_match_the_module():
+    pytest.importorskip("vllm")
+    import importlib
+    from pytest_kvoffload.backends import CPU_PLATFORM_SPEC_MODULE, CPU_PLATFORM_SPECS
+    from vllm.v1.kv_offload import factory
+    module = importlib.import_module(CPU_PLATFORM_SPEC_MODULE)
+    for original, twin in CPU_PLATFORM_SPECS.items():
+        assert issubclass(getattr(module, twin), factory.OffloadingSpecFactory.get_spec_cls({"spec_name": original}))
+
+
+@pytest.mark.parametrize("cuda, args, message", [
+    (False, ["--kv-offloading-size", "1", "--kv-offloading-backend", "native"],
+     "native-cpu: --kv-offloading-backend native uses vLLM's CPUOffloadingSpec, which needs a CUDA or XPU GPU"),
+    (False, ["--kv-transfer-config", json.dumps({"kv_connector": "OffloadingConnector",
+                                                "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec"}})],
+     "native-cpu: vLLM's TieringOffloadingSpec needs a CUDA or XPU GPU; this is the CPU platform"),
+    (False, ["--kv-transfer-config", json.dumps({"kv_connector": "OffloadingConnector"})],
+     "native-cpu: vLLM's CPUOffloadingSpec needs a CUDA or XPU GPU"),
+    (True, ["--kv-transfer-config", json.dumps({"kv_connector": "OffloadingConnector", "kv_connector_extra_config": {
+        "spec_name": "CPUPlatformOffloadingSpec"}})],
+     "native-cpu: CPUPlatformOffloadingSpec is the CPU-platform copy worker; this is a CUDA GPU: use vLLM's own CPUOffloadingSpec"),
+    (False, ["--kv-transfer-config", "{not json"], "native-cpu: --kv-transfer-config is not valid JSON"),
+])
+def test_offloading_spec_on_the_wrong_platform_is_one_line(cuda, args, message):
+    from pytest_kvoffload.backends import offloading_spec_problem
+    problem = offloading_spec_problem("native-cpu", ["vllm", *args], cuda)
+    assert problem.startswith(message) and "\n" not in problem
+
+
+def test_offloading_spec_on_its_platform_passes():
+    from pytest_kvoffload.backends import offloading_spec_problem
+    shim = json.dumps({"kv_connector": "OffloadingConnector",
+                       "kv_connector_extra_config": {"spec_name": "CPUPlatformTieringSpec"}})
+    assert offloading_spec_problem("native-disk", ["--kv-transfer-config", shim], cuda=False) is None
+    assert offloading_spec_problem("native-cpu", ["--kv-offloading-size", "1"], cuda=True) is None
+    # On the CPU platform the native-cpu command carries both: the transfer config's spec wins in vLLM.
+    both = ["--kv-offloading-size", "1", "--kv-transfer-config", shim]
+    assert offloading_spec_problem("native-cpu", both, cuda=False) is None
+    assert offloading_spec_problem("x", ["--kv-transfer-config", json.dumps({"kv_connector": "Other"})], False) is None
+
+
+def test_a_server_argument_that_asks_for_vllms_spec_on_cpu_stops_the_run(pytester):
+    from pytest_kvoffload import machine
+    if machine.has_cuda():
+        pytest.skip("checks the CPU platform")
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = pytester.runpytest_subprocess("--kv-backend=gpu-only", "--kv-server-arg=--kv-offloading-size",
+                                          "--kv-server-arg=1")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*gpu-only: --kv-offloading-backend native uses vLLM's CPUOffloadingSpec, which needs*"])
+    assert "Traceback" not in result.stderr.str()
 
 
 def test_lmcache_disk_environment(tmp_path):
@@ -87,9 +159,11 @@ def test_cuda_backends_know_why_they_cannot_run(monkeypatch):
     registry = default_registry()
     assert registry.get("gpu-only").unavailable_reason() is None
     assert registry.get("kvoffload-disk").unavailable_reason() is None
-    assert "needs an NVIDIA GPU" in registry.get("native-cpu").unavailable_reason()
-    monkeypatch.setattr(machine, "has_cuda", lambda: True)
     assert registry.get("native-cpu").unavailable_reason() is None
+    assert registry.get("native-disk").unavailable_reason() is None
+    assert "needs an NVIDIA GPU" in registry.get("lmcache-disk").unavailable_reason()
+    monkeypatch.setattr(machine, "has_cuda", lambda: True)
+    assert registry.get("lmcache-disk").unavailable_reason() is None
 
 
 def test_connector_variant_gets_its_own_name_store_and_options(tmp_path):
@@ -103,12 +177,15 @@ def test_connector_variant_gets_its_own_name_store_and_options(tmp_path):
         server_command(with_connector_options(registry.get("gpu-only"), "x"), LaunchContext(settings(), tmp_path), 1)
 
 
-def test_native_disk_uses_vllm_tiering_with_an_fs_tier(tmp_path):
+@pytest.mark.parametrize("cuda, spec", [(True, "TieringOffloadingSpec"), (False, "CPUPlatformTieringSpec")])
+def test_native_disk_uses_vllm_tiering_with_an_fs_tier(tmp_path, monkeypatch, cuda, spec):
+    from pytest_kvoffload import machine
+    monkeypatch.setattr(machine, "has_cuda", lambda: cuda)
     argv, _ = command("native-disk", tmp_path, cpu_gib=1.0)
     config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     assert config["kv_connector"] == "OffloadingConnector"
     extra = config["kv_connector_extra_config"]
-    assert extra["spec_name"] == "TieringOffloadingSpec" and extra["cpu_bytes_to_use"] == 2**30
+    assert extra["spec_name"] == spec and extra["cpu_bytes_to_use"] == 2**30
     assert extra["secondary_tiers"] == [{"type": "fs", "root_dir": str(tmp_path / "native-disk")}]
 
 
@@ -159,15 +236,18 @@ def vllm_parser():
 
 
 @pytest.mark.parametrize("name", ["gpu-only", "native-cpu", "lmcache-disk", "native-disk", "kvoffload-disk"])
-def test_every_backend_command_parses_with_the_installed_vllm(vllm_parser, tmp_path, monkeypatch, name):
+@pytest.mark.parametrize("cuda", [True, False], ids=["cuda", "cpu"])
+def test_every_backend_command_parses_with_the_installed_vllm(vllm_parser, tmp_path, monkeypatch, name, cuda):
     from pytest_kvoffload import machine
-    monkeypatch.setattr(machine, "has_cuda", lambda: True)  # the CUDA command line, flags included
+    monkeypatch.setattr(machine, "has_cuda", lambda: cuda)
+    if not cuda and registry_needs_cuda(name):
+        pytest.skip(f"{name} has no CPU-platform command line")
     argv, _ = command(name, tmp_path, tensor_parallel=2, server_args=("--max-num-batched-tokens", "2048"))
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     args = vllm_parser.parse_args(argv[3:])
-    assert args.tensor_parallel_size == 2 and args.gpu_memory_utilization == 0.9
+    assert args.tensor_parallel_size == 2 and (args.gpu_memory_utilization == 0.9 or not cuda)
     assert args.max_num_batched_tokens == 2048 and args.enable_prefix_caching
-    if name == "native-cpu":
+    if name == "native-cpu" and cuda:
         assert (args.kv_offloading_size, args.kv_offloading_backend) == (16.0, "native")
     elif name != "gpu-only":
         assert args.kv_transfer_config.kv_role == "kv_both"

@@ -23,6 +23,20 @@ def test_expectation_per_state():
     assert expectation(Cell(1024, 0.5, State.ENGINE_HIT), 512, 128, "disk", 256) == Expectation("device", 512)
 
 
+def test_a_tier_that_serves_the_last_block_joins_engine_hits_and_covers_the_whole_prompt():
+    # Seen with vLLM's OffloadingConnector (native-cpu, 384 tokens, block 128): engine 256 + host 128; tier 384.
+    engine = expectation(Cell(384, 1.0, State.ENGINE_HIT), 384, 128, "host", 128, last_block_source="host")
+    assert engine == Expectation("device", 256, "host", 128)
+    assert engine.check({"device": 256, "host": 128}) is None
+    assert engine.check({"device": 256}) == "expected 256 cached tokens from 'device' and 128 from 'host', got 256"
+    assert engine.check({"device": 256, "disk": 128}).endswith("got 256 and {'disk': 128} from elsewhere")
+    tier = expectation(Cell(384, 1.0, State.TIER_HIT), 384, 128, "disk", 128, last_block_source="host")
+    assert tier == Expectation("disk", 384)
+    # A prefix that stops short of the prompt's last block adds nothing.
+    half = expectation(Cell(1024, 0.5, State.ENGINE_HIT), 512, 128, "host", 128, last_block_source="host")
+    assert half == Expectation("device", 512) and half.check({"device": 512}) is None
+
+
 def test_output_comparison_names_the_first_difference_and_forgives_only_near_ties():
     from pytest_kvoffload.measure import first_difference
 
