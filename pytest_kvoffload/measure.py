@@ -17,9 +17,12 @@ from .session import KVSession
 # whose weights make attention matter, weights.py), while TTFT stays the time to the first one.
 OUTPUT_TOKENS = 8
 # Two computations of the same prompt agree only up to rounding (bf16 keeps 8 bits of mantissa, and a
-# hit computes its suffix in other shapes than a cold prefill), so where the recompute's two likeliest
-# tokens lie within this many nats, either is a correct answer. Wrong KV changes the distribution itself.
+# hit computes its suffix in other shapes than a cold prefill), so a token within this many nats of the
+# recompute's likeliest is a correct answer too. Wrong KV changes the distribution itself.
 TIE_NATS = 0.1
+# How many of the recompute's likeliest tokens come back with their logprobs. Seen in bf16: three
+# tokens within 0.031 nats, the hit taking the third; two candidates could not see that tie.
+TIE_CANDIDATES = 5
 
 
 def first_difference(got: list[int], want: list[int], want_top: list[dict[int, float]] | None = None) -> str | None:
@@ -36,9 +39,9 @@ def first_difference(got: list[int], want: list[int], want_top: list[dict[int, f
 
 
 def recompute(endpoint: Endpoint, tokens: list[int], salt: str) -> RequestResult:
-    """The prompt under a fresh cache_salt, which no engine or tier cache may answer, with the top two
-    logprobs of each output token (first_difference forgives near-ties by them)."""
-    return stream_completion(endpoint, tokens, OUTPUT_TOKENS, cache_salt=salt, logprobs=2)
+    """The prompt under a fresh cache_salt, which no engine or tier cache may answer, with the likeliest
+    tokens' logprobs at each output position (first_difference forgives near-ties by them)."""
+    return stream_completion(endpoint, tokens, OUTPUT_TOKENS, cache_salt=salt, logprobs=TIE_CANDIDATES)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -161,7 +162,7 @@ class VllmServer(Endpoint):
         except PermissionError:
             return True
         # A group whose only members are zombies is gone for our purposes.
-        return self.proc.poll() is None or _group_has_live_members(self.pgid)
+        return self.proc.poll() is None or group_has_live_members(self.pgid)
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the whole group, then SIGKILL what is left after `grace` seconds."""
@@ -179,17 +180,40 @@ class VllmServer(Endpoint):
                     self.proc.wait(timeout=0.2)
                 except subprocess.TimeoutExpired:
                     pass
-                if not _group_has_live_members(self.pgid):
+                if not group_has_live_members(self.pgid):
                     break
-            if not _group_has_live_members(self.pgid):
+            if not group_has_live_members(self.pgid):
                 break
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        remove_shared_regions(self.log_path)
 
 
-def _group_has_live_members(pgid: int) -> bool:
+# vLLM's offloading keeps its CPU tier in a /dev/shm file (SharedOffloadRegion, logged when created) that a
+# stopped server leaves behind: each native-disk server left 6 GB there, and the third start was OOM-killed.
+_SHARED_REGION = re.compile(rb"Created mmap file (/dev/shm/vllm_offload_[\w.-]+\.mmap)")
+
+
+def remove_shared_regions(log_path: Path) -> list[str]:
+    """Remove the shared-memory files a stopped server's log says it created; returns their paths."""
+    try:
+        text = log_path.read_bytes()
+    except OSError:
+        return []
+    removed = []
+    for match in _SHARED_REGION.finditer(text):
+        path = match.group(1).decode()
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def group_has_live_members(pgid: int) -> bool:
     """Whether any non-zombie process still belongs to the group (read from /proc)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():

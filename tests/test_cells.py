@@ -47,6 +47,10 @@ def test_output_comparison_names_the_first_difference_and_forgives_only_near_tie
     clear = [{5: -0.1}, {6: -0.2, 9: -2.5}, {7: -0.2}]
     assert first_difference([5, 9, 7], [5, 6, 7], clear) == "output token 1: 9 where a recompute gives 6"
     assert first_difference([5, 4, 7], [5, 6, 7], near_tie).startswith("output token 1")  # 4 not a contender
+    # Seen in bf16: three tokens within 0.031 nats, the hit taking the third likeliest.
+    three_way = [{5: -0.1}, {6: -4.345, 8: -4.376, 9: -4.38, 3: -5.1}, {7: -0.2}]
+    assert first_difference([5, 9, 1], [5, 6, 7], three_way) is None
+    assert first_difference([5, 3, 1], [5, 6, 7], three_way).startswith("output token 1")  # 0.755 nats away
 
 
 def test_a_tier_hit_counts_only_if_the_connector_loaded_it():

@@ -6,10 +6,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload.server import _group_has_live_members
+from pytest_kvoffload.server import group_has_live_members
 
 INNER = """
 import os, pathlib, time
@@ -46,7 +47,7 @@ def test_failed_test_then_ctrl_c_leaves_no_server_process(pytester):
             assert time.monotonic() < deadline, "the inner session never got its server"
             time.sleep(1)
         server = json.loads((pytester.path / "server.json").read_text())
-        assert _group_has_live_members(server["pgid"])
+        assert group_has_live_members(server["pgid"])
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -54,7 +55,27 @@ def test_failed_test_then_ctrl_c_leaves_no_server_process(pytester):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
     assert "planned failure" in out
-    assert not _group_has_live_members(server["pgid"]), "vLLM processes outlived the session"
+    assert not group_has_live_members(server["pgid"]), "vLLM processes outlived the session"
     assert not os.path.exists(f"/proc/{server['pid']}")
     runs = list((pytester.path / "results").glob("*/run.json"))
     assert len(runs) == 1 and json.loads(runs[0].read_text())["status"] == "partial"
+
+
+def test_a_stopped_servers_shared_memory_region_is_removed(tmp_path):
+    # vLLM's offloading tier lives in a /dev/shm file that outlives its server (seen: 6 GB per start).
+    import uuid
+    from pytest_kvoffload.server import remove_shared_regions
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    region = shm / f"vllm_offload_{uuid.uuid4()}.mmap"
+    region.write_bytes(b"x")
+    other = tmp_path / "vllm_offload_not-in-shm.mmap"
+    other.write_bytes(b"x")
+    log = tmp_path / "native-disk.log"
+    log.write_text(f"(Worker pid=1) INFO [shared_offload_region.py:150] Created mmap file {region} (6.33 GB)\n"
+                   f"Created mmap file {other} (1.00 GB)\n")
+    assert remove_shared_regions(log) == [str(region)]
+    assert not region.exists() and other.exists()
+    assert remove_shared_regions(log) == []  # already gone: nothing to do, no error
+    assert remove_shared_regions(tmp_path / "missing.log") == []
