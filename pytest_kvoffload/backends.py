@@ -292,6 +292,17 @@ def kvoffload_load_proof(connector: dict, tokens: int, kv_bytes_per_token: int) 
     return None
 
 
+def native_load_proof(connector: dict, tokens: int, kv_bytes_per_token: int) -> str | None:
+    """vLLM's offloading counts the bytes its worker copied into the engine's KV cache (CPU_to_GPU, also
+    on the CPU build, where the copy worker reports them); a tier hit must have copied its tokens' worth."""
+    from .metrics import OFFLOAD_LOADED_BYTES
+    loaded = max((connector.get(name, 0) for name in OFFLOAD_LOADED_BYTES), default=0)
+    if loaded < tokens * kv_bytes_per_token:
+        return (f"vLLM's offloading copied {loaded:,.0f} bytes into the KV cache, less than the "
+                f"{tokens * kv_bytes_per_token:,} that {tokens} tokens need")
+    return None
+
+
 def _empty_folder(path: Path) -> None:
     if path.is_dir():
         for child in path.iterdir():
@@ -311,6 +322,7 @@ def builtin_backends() -> list[Backend]:
             tier="host",
             configure=_native_cpu,
             platform_note=native_platform_note,
+            load_proof=native_load_proof,
             last_block_source="host",
             # vLLM 0.33's CPUOffloadingSpec stores on first sight (store_threshold defaults to 0), but a
             # store_threshold of 2 stores only on the second lookup: prime twice to be right under both.
@@ -322,7 +334,8 @@ def builtin_backends() -> list[Backend]:
             # vLLM's LMCacheConnectorV1 names no cache-hit source, so its hits count as external_unspecified.
             tier="external_unspecified",
             needs_cuda=True,
-            cuda_reason="LMCache 0.5.6 has no CPU connector and recomputes on vLLM's CPU build",
+            cuda_reason=("LMCache 0.5.6 has no CPU connector (CreateGPUConnector raises for cpu) and its wheel "
+                         "needs CUDA (cupy-cuda13x, libcudart); docs/backends.md"),
             configure=_lmcache_disk,
             tier_granularity=lambda s: 256,
             reset_tier=lambda ctx: _empty_folder(ctx.scratch / "lmcache-disk"),
@@ -333,6 +346,7 @@ def builtin_backends() -> list[Backend]:
             tier="disk",
             configure=_native_disk,
             platform_note=native_platform_note,
+            load_proof=native_load_proof,
             # The CPU tier in front of the files keeps what was just stored, the last block included.
             last_block_source="host",
             # reset_external drains the CPU tier and keeps the files (TieringOffloadingManager.reset_cache):

@@ -60,7 +60,20 @@ class Snapshot:
         )
 
 
-def snapshot(text: str, extra_prefixes: tuple[str, ...] = ("kvoffload:",)) -> Snapshot:
+# vLLM's offloading counters (vllm/distributed/kv_transfer/kv_connector/v1/offloading/metrics.py): bytes
+# moved, per direction by the label transfer_type in 0.32 (kv_offload_total_bytes), per name from 0.33
+# (kv_offload_load_bytes / kv_offload_store_bytes). Kept per direction: a sum of both would mean nothing.
+VLLM_OFFLOAD_PREFIX = "vllm:kv_offload_"
+OFFLOAD_LOADED_BYTES = ('vllm:kv_offload_total_bytes_total{transfer_type="CPU_to_GPU"}',
+                        "vllm:kv_offload_load_bytes_total")
+
+
+def _extra_key(sample: Sample) -> str:
+    direction = sample.label("transfer_type")
+    return f'{sample.name}{{transfer_type="{direction}"}}' if direction else sample.name
+
+
+def snapshot(text: str, extra_prefixes: tuple[str, ...] = ("kvoffload:", VLLM_OFFLOAD_PREFIX)) -> Snapshot:
     prompt = 0.0
     by_source: dict[str, float] = {}
     extra: dict[str, float] = {}
@@ -70,6 +83,7 @@ def snapshot(text: str, extra_prefixes: tuple[str, ...] = ("kvoffload:",)) -> Sn
         elif s.name == CACHED_BY_SOURCE:
             source = s.label("source") or "unknown"
             by_source[source] = by_source.get(source, 0.0) + s.value
-        elif s.name.startswith(extra_prefixes) and not s.name.endswith("_created"):
-            extra[s.name] = extra.get(s.name, 0.0) + s.value
+        elif s.name.startswith(extra_prefixes) and s.name.endswith("_total"):
+            key = _extra_key(s)
+            extra[key] = extra.get(key, 0.0) + s.value
     return Snapshot(prompt, by_source, extra)

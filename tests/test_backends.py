@@ -251,3 +251,18 @@ def test_every_backend_command_parses_with_the_installed_vllm(vllm_parser, tmp_p
         assert (args.kv_offloading_size, args.kv_offloading_backend) == (16.0, "native")
     elif name != "gpu-only":
         assert args.kv_transfer_config.kv_role == "kv_both"
+
+
+def test_a_native_tier_hit_counts_only_if_vllm_copied_its_bytes():
+    from pytest_kvoffload.backends import native_load_proof
+    registry = default_registry()
+    assert registry.get("native-cpu").load_proof is native_load_proof
+    assert registry.get("native-disk").load_proof is native_load_proof
+    copied = {'vllm:kv_offload_total_bytes_total{transfer_type="CPU_to_GPU"}': 512 * 4096,
+              'vllm:kv_offload_total_bytes_total{transfer_type="GPU_to_CPU"}': 10**9}
+    assert native_load_proof(copied, 512, 4096) is None
+    assert native_load_proof({"vllm:kv_offload_load_bytes_total": 512 * 4096}, 512, 4096) is None  # vLLM 0.33
+    # Stores do not count: only bytes copied into the engine's cache prove a load.
+    only_stores = {'vllm:kv_offload_total_bytes_total{transfer_type="GPU_to_CPU"}': 10**9}
+    assert native_load_proof(only_stores, 512, 4096) == (
+        "vLLM's offloading copied 0 bytes into the KV cache, less than the 2,097,152 that 512 tokens need")

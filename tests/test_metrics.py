@@ -30,3 +30,15 @@ def test_snapshot_and_delta():
 def test_label_values_with_escapes():
     samples = parse('m{a="x\\"y",b="z"} 1')
     assert samples[0].label("b") == "z"
+
+
+def test_vllm_offload_counters_are_kept_per_direction():
+    text = (TEXT + 'vllm:kv_offload_total_bytes_total{engine="0",model_name="tiny",transfer_type="CPU_to_GPU"} 4096.0\n'
+            'vllm:kv_offload_total_bytes_total{engine="0",model_name="tiny",transfer_type="GPU_to_CPU"} 8192.0\n'
+            'vllm:kv_offload_size_bucket{engine="0",le="1e+06",model_name="tiny",transfer_type="CPU_to_GPU"} 6.0\n'
+            'vllm:kv_offload_load_bytes_total{engine="0",model_name="tiny"} 4096.0\n')
+    extra = snapshot(text).extra
+    assert extra['vllm:kv_offload_total_bytes_total{transfer_type="CPU_to_GPU"}'] == 4096.0
+    assert extra['vllm:kv_offload_total_bytes_total{transfer_type="GPU_to_CPU"}'] == 8192.0
+    assert extra["vllm:kv_offload_load_bytes_total"] == 4096.0
+    assert not any("bucket" in key for key in extra)
