@@ -88,6 +88,12 @@ def _compare(args) -> int:
     return 0
 
 
+def _plan(args) -> int:
+    from .plan_cli import run_plan
+
+    return run_plan(args)
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -130,6 +136,35 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--fail-above", default="10%", help="slowdown that fails the gate (default 10%%)")
     cmp.add_argument("--force", action="store_true", help="compare runs of different models or schemas")
     cmp.set_defaults(handler=_compare)
+    plan = sub.add_parser("plan", help="will offload pay on a trace? an offline simulation, no server")
+    plan.add_argument("trace", help="a Mooncake or Bailian JSONL trace")
+    plan.add_argument("--model", required=True, help="a shipped model name or a folder with an HF config.json")
+    plan.add_argument("--format", choices=["mooncake", "bailian"], default=None, help="trace format (default: detected)")
+    plan.add_argument("--peak-tflops", type=float, default=None,
+                      help="first-order profile: dense BF16 peak (default 989, H100 SXM, without --calibration)")
+    plan.add_argument("--mfu", type=float, default=0.5, help="first-order profile: achieved share of the peak")
+    plan.add_argument("--calibration", default=None, help="measured profile: a run's calibration.json")
+    plan.add_argument("--tier", action="append", default=[],
+                      help="NAME=BANDWIDTH:CAPACITY[:LATENCY], NAME host or disk, e.g. disk=6GB/s:1TB; "
+                           "BANDWIDTH `cal` takes it from --calibration")
+    plan.add_argument("--engine-kv", default=None,
+                      help="the engine's KV capacity, a size (40GiB) or tokens (200000); default: 90%% of "
+                           "--gpu-memory-gib less the weights (first-order only)")
+    plan.add_argument("--gpu-memory-gib", type=float, default=80.0, help="GPU memory for the default --engine-kv")
+    plan.add_argument("--kv-dtype-bytes", type=int, default=None, help="bytes per KV element (default: the model's)")
+    plan.add_argument("--block-size", type=_positive_int, default=None,
+                      help="tokens per cached block (default: one trace block)")
+    plan.add_argument("--tokens-per-block", type=_positive_int, default=None,
+                      help="tokens per trace block, scaling lengths as the replay does (default: the format's)")
+    plan.add_argument("--limit", type=_positive_int, default=None, help="the first N requests")
+    plan.add_argument("--slice", type=_positive_int, default=None,
+                      help="about N requests taken as whole prefix trees (keeps the trace's reuse)")
+    plan.add_argument("--slice-seed", type=int, default=0)
+    plan.add_argument("--no-admission", action="store_true", help="load every tier hit, paying or not")
+    plan.add_argument("--curve-points", type=int, default=5, help="capacity-curve sizes per tier (0: none)")
+    plan.add_argument("--out", default=None, help="folder for plan.json and capacity.png "
+                                                  "(default results/plan-<trace>-<model>)")
+    plan.set_defaults(handler=_plan)
     return parser
 
 

@@ -1,0 +1,191 @@
+"""kvoffload plan: the cache model on traces whose answer is known, its admission, slices, and bad input."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pytest_kvoffload import cli
+from pytest_kvoffload.analysis import RecomputeFit
+from pytest_kvoffload.plan import (LRU, PlanError, Profile, Tier, parse_engine, parse_tier, reuse_share, simulate,
+                                   slice_by_tree, summarize)
+from pytest_kvoffload.traces import Scaling, TraceRequest
+
+MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
+BLOCK = 512
+
+
+def request(line, hash_ids, blocks=None):
+    length = (blocks if blocks is not None else len(hash_ids)) * BLOCK + 1  # whole blocks plus one token
+    return TraceRequest(line, float(line), length, 1, tuple(hash_ids))
+
+
+def profile(tiers=(), engine_blocks=100, kv=1000):
+    # Recompute 1 ms a token, no base: numbers easy to check by hand.
+    return Profile(RecomputeFit(0.0, 1e-3, 0.0), kv, engine_blocks * BLOCK * kv, {t.name: t for t in tiers}, "test")
+
+
+def tier(name, gbps, blocks, fixed_s=0.0, kv=1000):
+    return Tier(name, gbps * 1e9, blocks * BLOCK * kv, fixed_s)
+
+
+def run(requests, prof, **kw):
+    return simulate(requests, "mooncake", Scaling(), prof, BLOCK, **kw)
+
+
+def test_a_repeated_prompt_hits_the_engine_and_a_tier_serves_what_the_engine_lost():
+    first, again, other = request(1, [1, 2, 3]), request(2, [1, 2, 3]), request(3, [7, 8])
+    # The engine holds 3 blocks: `other` pushes out the prompt's first block, and a prefix hit needs it.
+    result = run([first, again, other, request(4, [1, 2, 3])], profile([tier("disk", 1.0, 100)], engine_blocks=3))
+    gpu, disk = result["configs"]["gpu-only"], result["configs"]["+disk"]
+    assert [s.engine for s in gpu] == [0, 3 * BLOCK, 0, 0]
+    assert disk[3].loaded == {"disk": 3 * BLOCK} and disk[3].found == {"disk": 3 * BLOCK}
+    # 1,537 tokens: gpu-only recomputes them all (1.537 s); the disk hit loads 1,536 x 1,000 bytes at 1 GB/s.
+    assert gpu[3].ttft_s == pytest.approx(1.537)
+    assert disk[3].ttft_s == pytest.approx(0.001 + 1536 * 1000 / 1e9)
+    assert [s.shared for s in gpu] == [0, 3 * BLOCK, 0, 3 * BLOCK]
+
+
+def test_admission_declines_a_load_slower_than_recompute_and_without_it_the_load_costs_time():
+    requests = [request(1, [1, 2]), request(2, [9]), request(3, [1, 2])]
+    slow = profile([tier("disk", 0.0005, 100)], engine_blocks=1)  # 2 us a byte: 2 ms a token, recompute 1 ms
+    guarded = run(requests, slow)["configs"]
+    assert guarded["+disk"][2].found == {"disk": 2 * BLOCK} and guarded["+disk"][2].loaded == {}
+    assert guarded["+disk"][2].ttft_s == pytest.approx(guarded["gpu-only"][2].ttft_s)
+    forced = run(requests, slow, admission=False)["configs"]
+    assert forced["+disk"][2].loaded == {"disk": 2 * BLOCK}
+    assert forced["+disk"][2].ttft_s > forced["gpu-only"][2].ttft_s
+    assert summarize(guarded["+disk"], guarded["gpu-only"])["paying_share"] == 0.0
+
+
+def test_a_tier_smaller_than_the_engine_serves_nothing_and_bigger_never_serves_less():
+    requests = [request(i, [i % 7, 100 + i % 7, 200 + i % 7]) for i in range(60)]
+    small = run(requests, profile([tier("host", 10.0, 3)], engine_blocks=6))
+    assert all(not s.loaded for s in small["configs"]["+host"])
+    result = run(requests, profile([tier("disk", 10.0, 12)], engine_blocks=6), curve_points=4)
+    served = [sum(s.loaded.get("disk", 0) for s in runs) for runs in result["curve"]["disk"]]
+    assert served == sorted(served) and served[-1] > 0
+
+
+def test_host_is_looked_up_before_disk_and_both_count_by_source():
+    requests = [request(1, [1, 2, 3, 4]), request(2, [5, 6, 7, 8]), request(3, [1, 2, 3, 4])]
+    prof = profile([tier("host", 50.0, 6), tier("disk", 5.0, 100)], engine_blocks=1)
+    configs = run(requests, prof)["configs"]
+    # Host holds the last 6 blocks written (3 and 4 of the first request, all of the second): the third
+    # request's blocks 1 and 2 come from disk, 3 and 4 from host.
+    assert configs["+host+disk"][2].loaded == {"disk": 2 * BLOCK, "host": 2 * BLOCK}
+    # Host alone: the run stops at the first block it lacks, though it holds blocks 3 and 4.
+    assert configs["+host"][2].found == {} and configs["+host"][2].loaded == {}
+
+
+def test_lru_evicts_the_least_recently_used():
+    lru = LRU(2)
+    lru.touch([1, 2])
+    lru.touch([1])
+    lru.touch([3])
+    assert 1 in lru and 3 in lru and 2 not in lru
+
+
+def test_a_slice_of_whole_prefix_trees_keeps_the_traces_reuse():
+    if not MOONCAKE.is_file():
+        pytest.skip("the shared Mooncake trace is not here")
+    from pytest_kvoffload.traces import read_trace, select
+    requests = select(read_trace(MOONCAKE), Scaling())
+    window = requests[:120]
+    trees = slice_by_tree(requests, 120)
+    whole = reuse_share(requests)
+    assert reuse_share(window) < 0.1 < whole
+    assert abs(reuse_share(trees) - whole) < abs(reuse_share(window) - whole)
+    assert [r.line for r in trees] == sorted(r.line for r in trees)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("ssd=6GB/s:1TB", "--tier 'ssd=6GB/s:1TB': expected NAME=BANDWIDTH:CAPACITY[:LATENCY] with NAME host or disk"),
+    ("disk=6GB:1TB", "--tier disk '6GB': expected a bandwidth such as 6GB/s or 500MB/s"),
+    ("disk=6GB/s:0TB", "--tier disk capacity '0TB': a capacity must be above zero"),
+    ("disk=6GB/s:lots", "--tier disk capacity 'lots': expected a size such as 256GiB, 1TB or 64GB"),
+    ("disk=6GB/s:1TB:soon", "--tier disk latency 'soon': expected a latency such as 0.2ms"),
+])
+def test_bad_tiers_name_the_argument(text, message):
+    with pytest.raises(PlanError) as info:
+        parse_tier(text)
+    assert str(info.value).startswith(message)
+
+
+def test_engine_capacity_in_tokens_or_bytes():
+    assert parse_engine("1000", 4096) == 4096000 and parse_engine("1000tok", 4096) == 4096000
+    assert parse_engine("2GiB", 4096) == 2 * 2**30
+    with pytest.raises(PlanError, match="--engine-kv '0': a capacity must be above zero"):
+        parse_engine("0", 4096)
+
+
+def write_trace(path, lines):
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tier", "disk=6GB/s:0GB"], "--tier disk capacity '0GB': a capacity must be above zero"),
+    (["--tier", "disk=cal:1TB"], "--tier ...=cal: a calibrated bandwidth needs --calibration"),
+    (["--calibration", "missing.json"], "calibration missing.json: no such file"),
+    (["--mfu", "2"], "--peak-tflops 989 / --mfu 2: expected a peak above 0 and an MFU in (0, 1]"),
+    (["--engine-kv", "0"], "--engine-kv '0': a capacity must be above zero"),
+    (["--gpu-memory-gib", "1"], "--gpu-memory-gib 1: the weights"),
+])
+def test_bad_plan_arguments_are_one_line_and_write_nothing(tmp_path, capsys, args, message):
+    trace = write_trace(tmp_path / "t.jsonl", [{"timestamp": 0, "input_length": 1024, "output_length": 1,
+                                                "hash_ids": [1, 2]}])
+    out = tmp_path / "out"
+    code = cli.main(["plan", str(trace), "--model", "qwen3-4b", "--out", str(out), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"kvoffload plan: {message}") and err.count("\n") == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("lines, message", [
+    (["not json"], "not JSON"),
+    ([json.dumps({"timestamp": 0, "input_length": 5})], "missing output_length, hash_ids"),
+])
+def test_a_trace_in_neither_format_is_one_line(tmp_path, capsys, lines, message):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    assert cli.main(["plan", str(trace), "--model", "qwen3-4b", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_plan_prints_tables_and_writes_json_and_png(tmp_path, capsys):
+    lines = [{"timestamp": i * 100, "input_length": 512 * 40 + 7, "output_length": 1,
+              "hash_ids": [i % 5] + [1000 * (i % 5) + k for k in range(39)]} for i in range(200)]
+    trace = write_trace(tmp_path / "t.jsonl", lines)
+    out = tmp_path / "out"
+    assert cli.main(["plan", str(trace), "--model", "qwen3-4b", "--engine-kv", "40000", "--tier",
+                     "disk=6GB/s:1TB", "--tier", "host=55GB/s:256GiB", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    for expected in ("gpu-only", "+host+disk", "break-even prefix", "mean TTFT gain vs gpu-only"):
+        assert expected in text
+    record = json.loads((out / "plan.json").read_text())
+    assert set(record["configurations"]) == {"gpu-only", "+host", "+disk", "+host+disk"}
+    assert record["configurations"]["+host+disk"]["vs_gpu_only"] < 1.0
+    pytest.importorskip("matplotlib")
+    assert (out / "capacity.png").stat().st_size > 1000
+
+
+def test_a_calibration_profile_takes_measured_figures(tmp_path, capsys):
+    calibration = {"schema": "pytest-kvoffload/calibration", "schema_version": 1,
+                   "fingerprint": {"model": "tiny-llama", "kv_bytes_per_token": 4096, "device": "cpu"},
+                   "tiers": {"kvoffload-disk": {"source": "disk", "bandwidth_gbps": 0.8, "fixed_s": 0.012,
+                                                "recompute": {"a": 0.01, "b": 1.7e-4, "c": 0.0}}}}
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps(calibration))
+    trace = write_trace(tmp_path / "t.jsonl", [{"timestamp": i, "input_length": 4096, "output_length": 1,
+                                                "hash_ids": [1, 2, 3, 4, 5, 6, 7, 8]} for i in range(3)])
+    args = ["plan", str(trace), "--model", "tiny-llama", "--calibration", str(path), "--tier", "disk=cal:1GB",
+            "--out", str(tmp_path / "out"), "--block-size", "128", "--tokens-per-block", "128"]
+    assert cli.main(args) == 2
+    assert "--engine-kv: required with --calibration" in capsys.readouterr().err
+    assert cli.main(args + ["--engine-kv", "256"]) == 0
+    record = json.loads((tmp_path / "out" / "plan.json").read_text())
+    assert record["tiers"]["disk"]["bandwidth_bps"] == 0.8e9 and record["tiers"]["disk"]["fixed_s"] == 0.012
+    assert not math.isnan(record["configurations"]["+disk"]["mean_ttft"])
