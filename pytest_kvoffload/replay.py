@@ -20,8 +20,19 @@ class ReplayRecord:
     sent_s: float
     prompt_tokens: int
     cached_tokens: int
-    ttft_s: float | None
+    ttft_s: float | None  # from the moment the request was sent
     error: str | None = None
+
+    @property
+    def late_s(self) -> float:
+        """How long the request waited past its scheduled arrival for a free client (open loop)."""
+        return max(0.0, self.sent_s - self.scheduled_s)
+
+    @property
+    def ttft_from_arrival_s(self) -> float | None:
+        """What a user waits: TTFT counted from the scheduled arrival, so waiting for a free client
+        (--kv-trace-concurrency) counts too (no coordinated omission)."""
+        return None if self.ttft_s is None else self.late_s + self.ttft_s
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,20 @@ class ReplayPlan:
                            max(1, min(r.output_length, self.max_output)))
                 for r in select(self.trace, self.scaling)]
 
+    def shared_prefixes(self, block_size: int) -> list[int]:
+        """Per request, in order, the tokens of its prompt that an earlier request of the replay already
+        had, in whole cache blocks: the part a cache could serve, which is what a break-even prefix is
+        compared with (not the prompt's length)."""
+        from .plan import block_keys, leading_in_set
+
+        seen: set[int] = set()
+        shared = []
+        for request in select(self.trace, self.scaling):
+            _, keys = block_keys(request, self.trace.format, self.scaling, block_size)
+            shared.append(leading_in_set(keys, seen) * block_size)
+            seen.update(keys)
+        return shared
+
     def describe(self) -> dict:
         return {"path": str(self.trace.path), "format": self.trace.format, "requests": len(self.trace.requests),
                 "scaling": self.scaling.describe(self.trace.format), "mode": self.mode,

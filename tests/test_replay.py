@@ -39,3 +39,24 @@ def test_replay_reproduces_the_trace_prefix_sharing(kv_session, kv_server, tmp_p
         assert records[0].cached_tokens == 0 and records[1].cached_tokens == 384
     cached = kv_server.metrics().delta(before).cached_by_source
     assert cached.get("device", 0) == sum(r.cached_tokens for r in records) > 0
+
+
+def test_ttft_counts_from_the_scheduled_arrival_and_lateness_is_kept():
+    from pytest_kvoffload.replay import ReplayRecord
+    on_time = ReplayRecord(1, scheduled_s=2.0, sent_s=2.0, prompt_tokens=10, cached_tokens=0, ttft_s=0.1)
+    waited = ReplayRecord(2, scheduled_s=2.0, sent_s=2.5, prompt_tokens=10, cached_tokens=0, ttft_s=0.1)
+    assert on_time.ttft_from_arrival_s == pytest.approx(0.1) and on_time.late_s == 0.0
+    assert waited.ttft_from_arrival_s == pytest.approx(0.6) and waited.late_s == pytest.approx(0.5)
+
+
+def test_shared_prefix_is_what_an_earlier_request_had_in_whole_blocks(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    lines = [{"timestamp": 0, "input_length": 2048, "output_length": 1, "hash_ids": [1, 2, 3, 4]},
+             {"timestamp": 1, "input_length": 2048, "output_length": 1, "hash_ids": [1, 2, 9, 10]},
+             {"timestamp": 2, "input_length": 4096, "output_length": 1, "hash_ids": [5, 6, 7, 8, 11, 12, 13, 14]}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    plan = ReplayPlan(read_trace(path), Scaling(tokens_per_block=16), "closed", 1, 1)
+    # 16 tokens a trace block, 64-token prompts: two 16-token blocks shared by the second request.
+    assert plan.shared_prefixes(16) == [0, 32, 0]
+    assert plan.shared_prefixes(32) == [0, 32, 0]
+    assert plan.shared_prefixes(64) == [0, 0, 0]  # a 64-token block is never whole before the last token
