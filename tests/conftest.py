@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 from pytest_kvoffload.weights import cache_dir
 
 pytest_plugins = ["pytester"]
@@ -7,3 +9,19 @@ pytest_plugins = ["pytester"]
 # pytester points HOME at a temporary folder; without this every pytester run would write the test
 # model's random weights (220 MB) anew instead of reusing the cached ones.
 os.environ.setdefault("KVOFFLOAD_CACHE", str(cache_dir()))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """The output oracle's fault servers first, then kvoffload-disk's own tests.
+
+    One server runs at a time on a CPU, and pytest groups the tests of each backend: the oracle's tests
+    belong to kvoffload-disk's group but start servers of their own, so in file order they evicted
+    kvoffload-disk's server between the connector tests and the suites, costing a start-up (about 40 s
+    on 2 cores, more on slower CPUs). Run before that group's other tests, they cost nothing extra.
+    """
+    oracle = [item for item in items if item.nodeid.startswith("tests/test_output_oracle.py")]
+    rest = [item for item in items if not item.nodeid.startswith("tests/test_output_oracle.py")]
+    first = next((i for i, item in enumerate(rest) if item.nodeid.startswith("tests/test_connector_server.py")), None)
+    if oracle and first is not None:
+        items[:] = rest[:first] + oracle + rest[first:]
