@@ -58,33 +58,59 @@ def _report(args) -> int:
     return 0
 
 
+def _compare_pair(label: str, base: dict, new: dict, fail_above: float, allow_missing: bool) -> list[str]:
+    """Print one comparison's table; return what fails the gate, one line each."""
+    from .compare import compare, missing_backends, regressions, undecided
+
+    changes, only_base, only_new = compare(base, new)
+    rows = [[*c.key[:2], f"{c.key[2]:g}", c.key[3], f"{c.base_s * 1e3:,.1f}", f"{c.new_s * 1e3:,.1f}",
+             f"{c.ratio:.3f}", f"±{c.tolerance * 100:.0f}%", c.verdict(fail_above)] for c in changes]
+    print(f"{label}: base {base.get('run_id')}  new {new.get('run_id')}")
+    print(tabulate(rows, headers=["backend", "length", "cached", "state", "base ms", "new ms", "new/base", "noise",
+                                  "verdict"], disable_numparse=True))
+    for what, keys in (("only in base", only_base), ("only in new", only_new)):
+        if keys:
+            print(f"{what}: " + ", ".join("/".join(str(k) for k in key) for key in keys))
+    open_cells = undecided(changes, fail_above)
+    if open_cells:
+        print(f"undecided: {len(open_cells)} cell(s) whose noise reaches past {fail_above:.0%}; rerun with more "
+              f"rounds to decide them")
+    failures = []
+    bad = regressions(changes, fail_above)
+    if bad:
+        worst = max(bad, key=lambda c: c.ratio)
+        failures.append(f"{label}: {len(bad)} cell(s) slower than {fail_above:.0%}; worst "
+                        f"{'/'.join(str(k) for k in worst.key)} {worst.ratio:.2f}x")
+    if only_base and not allow_missing:
+        gone = missing_backends(base, new)
+        failures.append(f"{label}: {len(only_base)} cell(s) of the base not measured"
+                        + (f" (backends {', '.join(gone)} missing)" if gone else "") + "; --allow-missing to accept")
+    return failures
+
+
 def _compare(args) -> int:
-    from .compare import CompareError, check_comparable, compare, parse_percent, regressions
+    from .compare import CompareError, check_comparable, parse_percent
     from .records import RecordError, read_run
 
     try:
         fail_above = parse_percent(args.fail_above)
         base, new = read_run(args.base), read_run(args.new)
         check_comparable(base, new, args.force)
+        pinned = read_run(args.baseline) if args.baseline else None
+        if pinned is not None:
+            check_comparable(pinned, new, args.force)
     except (RecordError, CompareError) as exc:
         print(f"kvoffload compare: {exc}", file=sys.stderr)
         return 2
-    changes, only_base, only_new = compare(base, new)
-    rows = [[*c.key[:2], f"{c.key[2]:g}", c.key[3], f"{c.base_s * 1e3:,.1f}", f"{c.new_s * 1e3:,.1f}",
-             f"{c.ratio:.3f}", f"±{c.tolerance * 100:.0f}%", c.verdict] for c in changes]
-    print(f"base {base.get('run_id')}  new {new.get('run_id')}")
-    print(tabulate(rows, headers=["backend", "length", "cached", "state", "base ms", "new ms", "new/base", "noise",
-                                  "verdict"], disable_numparse=True))
-    for label, keys in (("only in base", only_base), ("only in new", only_new)):
-        if keys:
-            print(f"{label}: " + ", ".join("/".join(str(k) for k in key) for key in keys))
-    bad = regressions(changes, fail_above)
-    if bad:
-        worst = max(bad, key=lambda c: c.ratio)
-        print(f"FAIL: {len(bad)} cell(s) slower beyond noise and beyond {fail_above:.0%}; worst "
-              f"{'/'.join(str(k) for k in worst.key)} {worst.ratio:.2f}x", file=sys.stderr)
+    failures = _compare_pair("against the previous run", base, new, fail_above, args.allow_missing)
+    if pinned is not None:
+        print()
+        failures += _compare_pair("against the pinned baseline", pinned, new, fail_above, args.allow_missing)
+    for failure in failures:
+        print(f"FAIL: {failure}", file=sys.stderr)
+    if failures:
         return 1
-    print(f"ok: no cell slower beyond noise and {fail_above:.0%}")
+    print(f"ok: no cell slower than {fail_above:.0%}" + (", nothing missing" if not args.allow_missing else ""))
     return 0
 
 
@@ -133,7 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="two runs cell by cell; non-zero exit on a regression")
     cmp.add_argument("base")
     cmp.add_argument("new")
-    cmp.add_argument("--fail-above", default="10%", help="slowdown that fails the gate (default 10%%)")
+    cmp.add_argument("--fail-above", default="10%",
+                     help="slowdown that fails the gate whatever the noise (default 10%%)")
+    cmp.add_argument("--baseline", default=None,
+                     help="a pinned run (e.g. the last release's) checked as well, so slow drift adds up against it")
+    cmp.add_argument("--allow-missing", action="store_true",
+                     help="pass when cells or backends of the base (or baseline) were not measured")
     cmp.add_argument("--force", action="store_true", help="compare runs of different models or schemas")
     cmp.set_defaults(handler=_compare)
     plan = sub.add_parser("plan", help="will offload pay on a trace? an offline simulation, no server")

@@ -30,7 +30,8 @@ def test_planted_regression_fails_the_gate(tmp_path, capsys):
     assert main(["compare", str(base), str(new), "--fail-above", "10%"]) == 1
     captured = capsys.readouterr()
     assert "slower" in captured.out
-    assert "FAIL: 1 cell(s) slower" in captured.err and "kvoffload-disk/4096/1.0/tier-hit" in captured.err
+    assert "FAIL: against the previous run: 1 cell(s) slower than 10%" in captured.err
+    assert "kvoffload-disk/4096/1.0/tier-hit" in captured.err
 
 
 def test_pure_noise_has_no_slower_verdict(tmp_path, capsys):
@@ -63,3 +64,33 @@ def test_bad_threshold(tmp_path, value, capsys):
     base = write_run(tmp_path / "base", CELLS)
     assert main(["compare", str(base), str(base), f"--fail-above={value}"]) == 2
     assert "--fail-above" in capsys.readouterr().err
+
+
+def test_a_drift_of_5_percent_a_night_passes_night_to_night_and_fails_against_the_pin(tmp_path, capsys):
+    nights = [write_run(tmp_path / f"night{n}", {k: v * 1.05 ** n for k, v in CELLS.items()}, seed=n)
+              for n in range(6)]
+    pin = nights[0]
+    night_to_night = [main(["compare", str(nights[n - 1]), str(nights[n])]) for n in range(1, 6)]
+    assert night_to_night == [0, 0, 0, 0, 0]
+    with_pin = [main(["compare", str(nights[n - 1]), str(nights[n]), "--baseline", str(pin)]) for n in range(1, 6)]
+    assert with_pin[0] == 0 and with_pin[-1] == 1 and 1 in with_pin[:3]
+    assert "FAIL: against the pinned baseline" in capsys.readouterr().err
+
+
+def test_a_run_missing_a_backend_fails_unless_allowed(tmp_path, capsys):
+    base = write_run(tmp_path / "base", CELLS)
+    partial = write_run(tmp_path / "new", {k: v for k, v in CELLS.items() if k[0] == "gpu-only"}, seed=1)
+    assert main(["compare", str(base), str(partial)]) == 1
+    assert "(backends kvoffload-disk missing); --allow-missing to accept" in capsys.readouterr().err
+    assert main(["compare", str(base), str(partial), "--allow-missing"]) == 0
+
+
+def test_noise_cannot_widen_the_limit_only_make_a_cell_undecided():
+    from pytest_kvoffload.compare import CellChange, regressions, undecided
+    noisy_but_slow = CellChange(("b", 1, 1.0, "tier-hit"), 0.100, 0.115, tolerance=0.30)
+    noisy_flat = CellChange(("b", 2, 1.0, "tier-hit"), 0.100, 0.102, tolerance=0.30)
+    quiet_flat = CellChange(("b", 3, 1.0, "tier-hit"), 0.100, 0.101, tolerance=0.02)
+    assert noisy_but_slow.verdict(0.10) == "slower beyond the limit"
+    assert regressions([noisy_but_slow, noisy_flat, quiet_flat], 0.10) == [noisy_but_slow]
+    assert noisy_flat.verdict(0.10) == "undecided" and undecided([noisy_flat, quiet_flat], 0.10) == [noisy_flat]
+    assert quiet_flat.verdict(0.10) == "within noise"

@@ -17,5 +17,6 @@ def test_nightly_workflow_parses_and_gates():
     runs = "\n".join(step.get("run", "") for step in job["steps"])
     assert "pytest suites/ --kv-backend=all --kv-model=llama-3.2-3b" in runs
     assert "kvoffload compare" in runs and "--fail-above" in runs
+    assert "--baseline" in runs and "--allow-missing" not in runs.replace("(no --allow-missing)", "")
     assert "scripts/gpu_check.py" in runs and (Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py").is_file()
     assert any(step.get("uses", "").startswith("actions/upload-artifact") for step in job["steps"])
