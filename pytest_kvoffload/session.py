@@ -10,7 +10,7 @@ from typing import Callable
 
 from . import environment, machine
 from .analysis import analyse
-from .backends import Backend, BackendRegistry, LaunchContext, server_command
+from .backends import Backend, BackendRegistry, LaunchContext, interpreter_versions, server_command
 from .calibration import build_calibration, write_calibration
 from .distributed import merge_runs, worker_records
 from .estimate import seed_at_measured_speed
@@ -128,7 +128,10 @@ class KVSession:
             raise
         if started:
             self.add_phase("server start-ups", time.monotonic() - clock)
-            self.writer.set_backend(backend.name, "running", argv=server.argv, log=str(server.log_path))
+            info = {"argv": server.argv, "log": str(server.log_path)}
+            if backend.python:
+                info.update(python=backend.python, versions=interpreter_versions(backend.python))
+            self.writer.set_backend(backend.name, "running", **info)
             clock = time.monotonic()
             self.measure_speed(backend.name, server)
             self.add_phase("warm-ups and prefill-speed probes", time.monotonic() - clock)

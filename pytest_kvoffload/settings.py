@@ -57,8 +57,22 @@ class Settings:
         return min(self.model.max_model_len, max(max(self.lengths), 8192) + self.block_size)
 
 
+def split_backends(value: str) -> list[str]:
+    """A --kv-backend list split on the commas outside brackets: `a,b[x=1,y=2]` is two backends."""
+    names, depth, current = [], 0, ""
+    for char in value:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            names.append(current.strip())
+            current = ""
+        else:
+            current += char
+    names.append(current.strip())
+    return [n for n in names if n]
+
+
 def parse_backends(value: str, known: list[str]) -> tuple[str, ...]:
-    names = [v.strip() for v in value.split(",") if v.strip()]
+    names = split_backends(value)
     if not names:
         raise OptionError(f"--kv-backend is empty; use 'all' or a comma list of {', '.join(known)}")
     if "all" in names:

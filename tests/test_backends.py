@@ -266,3 +266,34 @@ def test_a_native_tier_hit_counts_only_if_vllm_copied_its_bytes():
     only_stores = {'vllm:kv_offload_total_bytes_total{transfer_type="GPU_to_CPU"}': 10**9}
     assert native_load_proof(only_stores, 512, 4096) == (
         "vLLM's offloading copied 0 bytes into the KV cache, less than the 2,097,152 that 512 tokens need")
+
+
+def test_a_variant_from_the_command_line_is_the_backend_with_its_options(tmp_path):
+    from pytest_kvoffload.backends import parse_variant
+    from pytest_kvoffload.settings import split_backends
+    registry = default_registry()
+    assert split_backends("gpu-only, kvoffload-disk[io_threads=4,read_gbps=0.05],native-cpu") == [
+        "gpu-only", "kvoffload-disk[io_threads=4,read_gbps=0.05]", "native-cpu"]
+    variant = parse_variant("kvoffload-disk[io_threads=4,read_gbps=0.05,direct_io=false]", registry)
+    assert variant.name == "kvoffload-disk[io_threads=4,read_gbps=0.05,direct_io=false]" and variant.tier == "disk"
+    argv, _ = server_command(variant, LaunchContext(settings(), tmp_path), 8123)
+    extra = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert (extra["io_threads"], extra["read_gbps"], extra["direct_io"]) == (4, 0.05, False)
+    chunked = parse_variant("kvoffload-disk[chunk_tokens=512]", registry)
+    assert chunked.granularity(settings()) == 512
+    native = parse_variant("native-disk[eviction_policy=arc]", registry)
+    argv, _ = server_command(native, LaunchContext(settings(), tmp_path), 8123)
+    assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"][
+        "eviction_policy"] == "arc"
+
+
+def test_another_python_runs_the_server_and_its_versions_are_read(tmp_path):
+    import sys
+    from pytest_kvoffload.backends import interpreter_versions, use_python
+    registry = default_registry()
+    use_python(registry, [f"gpu-only={sys.executable}"])
+    argv, _ = server_command(registry.get("gpu-only"), LaunchContext(settings(), tmp_path), 8123)
+    assert argv[0] == sys.executable and registry.get("kvoffload-disk").python is None
+    versions = interpreter_versions(sys.executable)
+    assert versions["vllm"] and versions["torch"]
+    assert "error" in interpreter_versions(str(tmp_path / "no-python"))

@@ -32,6 +32,11 @@ def _number(extra: dict, key: str, kind: type, default, what: str):
         raise ConnectorConfigError(f"kvoffload connector: {key} {value!r} must be {what}") from None
 
 
+# Every kv_connector_extra_config key the connector reads.
+OPTIONS = frozenset({"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps",
+                     "read_latency_ms", "calibration", "load_mode", "admission", "fault"})
+
+
 def default_chunk_tokens(block_size: int) -> int:
     """About DEFAULT_CHUNK_TOKENS, in whole blocks: large sequential files without coarse prefix matching."""
     return max(block_size, DEFAULT_CHUNK_TOKENS // block_size * block_size)
@@ -59,8 +64,7 @@ class ConnectorConfig:
     def from_extra(cls, extra: dict, block_size: int) -> "ConnectorConfig":
         """Keys: store_dir, capacity_gb, chunk_tokens, io_threads, direct_io, read_gbps, calibration, load_mode,
         admission."""
-        known = {"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps", "read_latency_ms",
-                 "calibration", "load_mode", "admission", "fault"}
+        known = OPTIONS
         unknown = set(extra) - known
         if unknown:
             raise ConnectorConfigError(
