@@ -135,7 +135,9 @@ def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[lis
     if settings.tensor_parallel > 1:
         argv += ["--tensor-parallel-size", str(settings.tensor_parallel)]
     if machine.has_cuda():
-        argv += ["--gpu-memory-utilization", f"{settings.gpu_memory_utilization:g}"]
+        # An A/B run keeps both servers on the GPU at once: each gets half.
+        utilization = settings.gpu_memory_utilization / (2 if settings.ab else 1)
+        argv += ["--gpu-memory-utilization", f"{utilization:g}"]
     spec = backend.configure(ctx)
     argv += spec.args
     argv += list(settings.server_args)
@@ -427,6 +429,27 @@ def register_variants(registry: BackendRegistry, names: list[str]) -> None:
     for name in names:
         if "[" in name and name not in registry:
             registry.register(parse_variant(name, registry))
+
+
+def register_ab(registry: BackendRegistry, value: str) -> tuple[str, str]:
+    """--kv-ab A,B: the pair's names, variants registered; B compared with itself gets a twin of its own."""
+    from .ab import twin_name
+    from .settings import split_backends
+
+    names = split_backends(value)
+    if len(names) != 2:
+        raise BackendConfigError(f"--kv-ab {value!r}: expected two backends A,B, e.g. "
+                                 "kvoffload-disk,kvoffload-disk[read_gbps=0.05]")
+    register_variants(registry, names)
+    for name in names:
+        if name not in registry:
+            raise BackendConfigError(f"--kv-ab {value!r}: unknown backend {name!r}; valid: {', '.join(registry.names())}")
+    a, b = names
+    if a == b:
+        b = twin_name(a)
+        if b not in registry:
+            registry.register(dataclasses.replace(registry.get(a), name=b))
+    return a, b
 
 
 def use_python(registry: BackendRegistry, specs: list[str]) -> None:

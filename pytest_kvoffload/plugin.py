@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from . import distributed, fixtures, hookspecs, machine
-from .backends import (BackendConfigError, LaunchContext, default_registry, register_variants, server_command,
-                       use_python)
+from .backends import (BackendConfigError, LaunchContext, default_registry, register_ab, register_variants,
+                       server_command, use_python)
 from .cells import State, grid
 from .fixtures import SESSION_KEY
 from .records import RecordError, read_run
@@ -24,6 +24,8 @@ from .settings import (OptionError, Settings, check_fits_model, parse_backends, 
 OPTIONS = [
     ("--kv-backend", "kv_backend", "backends to measure: all, or a comma list (default: all); a variant "
                                    "NAME[KEY=VALUE,...] adds connector options, e.g. kvoffload-disk[io_threads=4]"),
+    ("--kv-ab", "kv_ab", "A,B: compare two backends or variants in one run, both servers up, rounds interleaved, "
+                         "a paired verdict per cell (suites/test_ab.py); B may equal A"),
     ("--kv-model", "kv_model", "a shipped model name or a folder with an HF config.json"),
     ("--kv-lengths", "kv_lengths", "prompt lengths in tokens, comma separated"),
     ("--kv-fractions", "kv_fractions", "cached-prefix fractions in (0, 1], comma separated"),
@@ -108,7 +110,7 @@ def _value(config, name: str, fallback):
     return fallback if value in (None, "") else value
 
 
-def build_settings(config, registry) -> Settings:
+def build_settings(config, registry, ab: tuple[str, str] | None = None) -> Settings:
     d = machine.defaults()
     block_size = parse_positive_int("--kv-block-size", _value(config, "kv_block_size", d["block_size"]))
     model = parse_weights(str(_value(config, "kv_weights", "auto")),
@@ -127,7 +129,9 @@ def build_settings(config, registry) -> Settings:
     if not results.is_absolute():
         results = Path(config.rootpath) / results
     return Settings(
-        backends=parse_backends(str(_value(config, "kv_backend", "all")), registry.names()),
+        # An A/B run measures its pair (in every suite); --kv-backend chooses otherwise.
+        backends=ab if ab else parse_backends(str(_value(config, "kv_backend", "all")), registry.names()),
+        ab=ab,
         model=model,
         lengths=lengths,
         fractions=parse_fractions(str(_value(config, "kv_fractions", d["fractions"]))),
@@ -175,8 +179,10 @@ def pytest_configure(config):
     config.hook.pytest_kvoffload_register_backends(registry=registry)
     try:
         register_variants(registry, split_backends(str(_value(config, "kv_backend", "all"))))
+        ab_value = _value(config, "kv_ab", None)
+        ab = register_ab(registry, str(ab_value)) if ab_value else None
         use_python(registry, list(config.getoption("kv_backend_python") or []))
-        settings = build_settings(config, registry)
+        settings = build_settings(config, registry, ab)
         check_server_commands(settings, registry)
     except (OptionError, BackendConfigError) as exc:
         raise pytest.UsageError(str(exc)) from None

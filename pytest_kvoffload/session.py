@@ -49,7 +49,8 @@ class KVSession:
         self.controller = controller
         # Part of every prompt's key, so a rerun against a long-lived server cannot hit last run's cache.
         self.salt = self.run_id
-        self.pool = ServerPool(max_running=1 if machine.has_cuda() else 2)
+        # An A/B run keeps its two servers up together (on a GPU each with half the memory, backends.py).
+        self.pool = ServerPool(max_running=2 if settings.ab or not machine.has_cuda() else 1)
         self._writer: RunWriter | None = None
         # Each backend's prefill speed, measured at its server's start (speed.py), and the grid's lengths
         # that fit the prefill budget, decided once from the first server measured so every backend

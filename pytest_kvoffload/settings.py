@@ -45,6 +45,8 @@ class Settings:
     lengths_given: bool = False
     # The rule the admission suite's guarded server runs (--kv-admission; connector/admission.py).
     admission: str = "queue"
+    # --kv-ab: the two backends an A/B run compares, both up at once (suites/test_ab.py); None: no A/B.
+    ab: tuple[str, str] | None = None
 
     @property
     def kv_bytes_per_token(self) -> int:

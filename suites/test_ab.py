@@ -1,0 +1,38 @@
+"""A/B: two backends or variants in one run, both servers up, rounds interleaved, a paired verdict per cell.
+
+    pytest suites/test_ab.py --kv-ab kvoffload-disk,kvoffload-disk[read_gbps=0.05] --kv-lengths=1024,4096 --kv-fractions=1.0
+
+The recommended way to compare connectors before an upgrade (pytest_kvoffload/ab.py has the method).
+"""
+
+import pytest
+
+from pytest_kvoffload import ab
+from pytest_kvoffload.cells import State
+
+NAME = "A/B"
+
+
+@pytest.fixture(scope="session")
+def comparisons():
+    """The cells compared so far in this session, for the cumulative table."""
+    return []
+
+
+def test_ab(kv_session, kv_cell, comparisons):
+    pair = kv_session.settings.ab
+    if pair is None:
+        pytest.skip("no --kv-ab given")
+    a, b = (kv_session.registry.get(name) for name in pair)
+    for backend in (a, b):
+        reason = backend.unavailable_reason()
+        if reason:
+            pytest.skip(reason)
+    if kv_cell.state is State.TIER_HIT and not (a.tier and b.tier):
+        pytest.skip("a tier-hit cell needs both backends to have a tier")
+    comparison = ab.compare_cell(kv_session, a, b, kv_cell, max(ab.MIN_ROUNDS, kv_session.settings.rounds))
+    comparisons.append(comparison)
+    kv_session.add_benchmark(NAME, ab.render(a.name, b.name, comparisons),
+                             {"a": a.name, "b": b.name, "cells": [c.to_dict() for c in comparisons],
+                              "overall": ab.overall(comparisons)})
+    assert not comparison.failures, "; ".join(comparison.failures[:3])

@@ -1,0 +1,67 @@
+"""A/B: the verdict's statistics, the pair's parsing, and a backend against itself finding no difference."""
+
+import pytest
+
+from pytest_kvoffload import ab
+from pytest_kvoffload.backends import BackendConfigError, default_registry, register_ab
+from pytest_kvoffload.cells import Cell, State
+
+CELL = Cell(1024, 1.0, State.TIER_HIT)
+
+
+def comparison(ratios, a_s=0.1):
+    c = ab.CellComparison(CELL)
+    c.a_s = [a_s] * len(ratios)
+    c.b_s = [a_s * r for r in ratios]
+    return c
+
+
+def test_a_verdict_needs_the_whole_interval_beyond_the_floor():
+    assert comparison([1.5, 1.6, 1.4, 1.55, 1.5, 1.45, 1.6]).verdict() == "B slower"
+    assert comparison([0.5, 0.6, 0.55, 0.5, 0.45, 0.6, 0.52]).verdict() == "B faster"
+    # One round the other way: the 95% interval (the extremes of 7 rounds) includes 1.
+    assert comparison([1.5, 1.6, 0.99, 1.55, 1.5, 1.45, 1.6]).verdict() == "no difference"
+    # All above 1 but within 3%: not credited.
+    assert comparison([1.01, 1.02, 1.025, 1.01, 1.02, 1.015, 1.02]).verdict() == "no difference"
+    assert comparison([1.5, 1.6, 1.4]).verdict().startswith("undecided (fewer than 7 rounds)")
+    low, high = comparison([1.5, 1.6, 1.4, 1.55, 1.5, 1.45, 1.6]).interval()
+    assert (low, high) == pytest.approx((1.4, 1.6))
+
+
+def test_the_overall_line_counts_cells():
+    slow, same = comparison([1.5] * 7), comparison([1.0, 0.98, 1.02, 1.0, 1.01, 0.99, 1.0])
+    assert ab.overall([slow, same]) == ("overall: B slower in 1 cell(s), never faster; "
+                                        "1 without a difference at 95% confidence")
+    assert ab.overall([same]).startswith("overall: no difference shown in any cell")
+
+
+def test_the_pair_is_parsed_and_a_self_comparison_gets_a_twin():
+    registry = default_registry()
+    assert register_ab(registry, "kvoffload-disk,kvoffload-disk[read_gbps=0.05]") == (
+        "kvoffload-disk", "kvoffload-disk[read_gbps=0.05]")
+    a, b = register_ab(registry, "gpu-only,gpu-only")
+    assert (a, b) == ("gpu-only", "gpu-only~b") and registry.get(b).configure is registry.get(a).configure
+    with pytest.raises(BackendConfigError, match="--kv-ab 'gpu-only': expected two backends A,B"):
+        register_ab(registry, "gpu-only")
+    with pytest.raises(BackendConfigError, match="unknown backend 'nvme'"):
+        register_ab(registry, "gpu-only,nvme")
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
+def test_a_backend_against_itself_shows_no_difference(kv_session, kv_backend):
+    # The false-positive check: the same configuration on two servers, both up, rounds interleaved.
+    twin = ab.twin_name(kv_backend.name)
+    if twin not in kv_session.registry:
+        register_ab(kv_session.registry, f"{kv_backend.name},{kv_backend.name}")
+    b = kv_session.registry.get(twin)
+    length = min(kv_session.lengths)
+    cells = [Cell(length, 0.0, State.COLD), Cell(length, 1.0, State.TIER_HIT)]
+    try:
+        results = [ab.compare_cell(kv_session, kv_backend, b, cell, ab.MIN_ROUNDS) for cell in cells]
+    finally:
+        kv_session.pool.release(twin)  # an idle second server has no business in the tests after this one
+    kv_session.add_benchmark("A/B against itself", ab.render(kv_backend.name, twin, results),
+                             {"cells": [r.to_dict() for r in results]})
+    assert not [f for r in results for f in r.failures]
+    assert [r.verdict() for r in results] == ["no difference"] * len(cells), ab.render(kv_backend.name, twin, results)
