@@ -20,3 +20,10 @@ def test_nightly_workflow_parses_and_gates():
     assert "--baseline" in runs and "--allow-missing" not in runs.replace("(no --allow-missing)", "")
     assert "scripts/gpu_check.py" in runs and (Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py").is_file()
     assert any(step.get("uses", "").startswith("actions/upload-artifact") for step in job["steps"])
+
+
+def test_no_test_file_basename_is_used_twice():
+    # pytest imports tests/ and suites/ (no __init__.py) by basename: a second test_x.py stops collection.
+    root = Path(__file__).resolve().parents[1]
+    names = [p.name for folder in ("tests", "suites") for p in (root / folder).glob("test_*.py")]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
