@@ -13,7 +13,7 @@ os.environ.setdefault("KVOFFLOAD_CACHE", str(cache_dir()))
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items):
-    """The output oracle's fault servers first, then kvoffload-disk's own tests.
+    """The output oracle's fault servers first, then kvoffload-disk's own tests (the self A/B first).
 
     One server runs at a time on a CPU, and pytest groups the tests of each backend: the oracle's tests
     belong to kvoffload-disk's group but start servers of their own, so in file order they evicted
@@ -22,6 +22,8 @@ def pytest_collection_modifyitems(items):
     """
     oracle = [item for item in items if item.nodeid.startswith("tests/test_output_oracle.py")]
     rest = [item for item in items if not item.nodeid.startswith("tests/test_output_oracle.py")]
-    first = next((i for i, item in enumerate(rest) if item.nodeid.startswith("tests/test_connector_server.py")), None)
+    # The first test of kvoffload-disk's group that keeps its server (the self A/B, then the connector's).
+    group = ("tests/test_ab_method.py::test_a_backend_against_itself", "tests/test_connector_server.py")
+    first = next((i for i, item in enumerate(rest) if item.nodeid.startswith(group)), None)
     if oracle and first is not None:
         items[:] = rest[:first] + oracle + rest[first:]
