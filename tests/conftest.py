@@ -15,10 +15,10 @@ os.environ.setdefault("KVOFFLOAD_CACHE", str(cache_dir()))
 def pytest_collection_modifyitems(items):
     """The output oracle's fault servers first, then kvoffload-disk's own tests (the self A/B first).
 
-    One server runs at a time on a CPU, and pytest groups the tests of each backend: the oracle's tests
-    belong to kvoffload-disk's group but start servers of their own, so in file order they evicted
-    kvoffload-disk's server between the connector tests and the suites, costing a start-up (about 40 s
-    on 2 cores, more on slower CPUs). Run before that group's other tests, they cost nothing extra.
+    At most two servers run at once on a CPU (server.ServerPool), and pytest groups the tests of each
+    backend: the oracle's tests belong to kvoffload-disk's group but start two servers of their own, so
+    in file order they evicted kvoffload-disk's server in the middle of its group, costing a start-up
+    (about 40 s on 2 cores, more on slower CPUs). Run before that group's other tests, they cost nothing.
     """
     oracle = [item for item in items if item.nodeid.startswith("tests/test_output_oracle.py")]
     rest = [item for item in items if not item.nodeid.startswith("tests/test_output_oracle.py")]
