@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .analysis import RecomputeFit
 from .estimate import prefill_seconds
@@ -229,11 +229,10 @@ class Served:
 
 @dataclass
 class Sizes:
-    """The caches one pass maintains: the engine, each configured tier, and the capacity-curve sizes."""
+    """Capacities in blocks of the engine and each configured tier."""
 
     engine: int
     tiers: dict[str, int]
-    curve: dict[str, list[int]] = field(default_factory=dict)
 
 
 def configurations(profile: Profile) -> list[tuple[str, tuple[str, ...]]]:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 from .calibration import CalibrationError, read_calibration
 from .models import ModelError, load_model
-from .plan import (FORMATS, PlanError, Profile, calibration_profile, first_order_profile, parse_engine, parse_tier,
+from .plan import (PlanError, Profile, calibration_profile, first_order_profile, parse_engine, parse_tier,
                    reuse_share, simulate, slice_by_tree, summarize)
 from .plan_report import (break_even_table, config_table, curve_rows, curve_table, write_curve_png)
 from .records import atomic_write_json
-from .traces import Scaling, TraceError, read_trace, select
+from .traces import FORMATS, Scaling, TraceError, read_trace, select
 
 H100_PEAK_TFLOPS = 989.0
 

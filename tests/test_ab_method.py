@@ -58,7 +58,13 @@ def test_a_backend_against_itself_shows_no_difference(kv_session, kv_backend):
     length = min(kv_session.lengths)
     cells = [Cell(length, 0.0, State.COLD), Cell(length, 1.0, State.TIER_HIT)]
     try:
+        before = {name: kv_session.endpoint(backend).metrics().prompt_tokens
+                  for name, backend in (("a", kv_backend), ("b", b))}
         results = [ab.compare_cell(kv_session, kv_backend, b, cell, ab.MIN_ROUNDS) for cell in cells]
+        # The control: both servers answered (a pair measured on one server would show no difference too).
+        served = {name: kv_session.endpoint(backend).metrics().prompt_tokens - before[name]
+                  for name, backend in (("a", kv_backend), ("b", b))}
+        assert served["a"] >= len(cells) * ab.MIN_ROUNDS * length and served["b"] >= served["a"] * 0.9, served
     finally:
         kv_session.pool.release(twin)  # an idle second server has no business in the tests after this one
     kv_session.add_benchmark("A/B against itself", ab.render(kv_backend.name, twin, results),
