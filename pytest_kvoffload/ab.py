@@ -22,12 +22,11 @@ from tabulate import tabulate
 from .cells import Cell
 from .measure import CellRunner
 from .paired import FLOOR, median_bound
+from .server import IDLE_S
 
 # Two-sided 95%: each side of the interval at 97.5%. Fewer rounds than this cannot give an interval.
 SIDE_CONFIDENCE = 0.975
 MIN_ROUNDS = 7
-# Longer than the 1 s an idle vLLM worker busy-polls after a message.
-IDLE_S = 1.5
 SELF_SUFFIX = "~b"
 
 

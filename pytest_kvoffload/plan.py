@@ -205,8 +205,8 @@ class LRU:
             store.popitem(last=False)
 
 
-def leading(keys: list[int], cache: LRU, start: int = 0) -> int:
-    """How many keys from `start` on are in the cache, up to the first that is not."""
+def leading(keys: list[int], cache, start: int = 0) -> int:
+    """How many keys from `start` on are in the cache (an LRU or a set), up to the first that is not."""
     n = start
     while n < len(keys) and keys[n] in cache:
         n += 1
@@ -301,7 +301,7 @@ def simulate(requests: list[TraceRequest], fmt: str, scaling: Scaling, profile: 
     curve_served: dict[str, list[list[Served]]] = {name: [[] for _ in lrus] for name, lrus in curve.items()}
     for request in requests:
         prompt, keys = block_keys(request, fmt, scaling, block_size)
-        shared = leading_in_set(keys, seen) * block_size
+        shared = leading(keys, seen) * block_size
         for name, used in configs:
             served[name].append(serve(profile, prompt, keys, engine, {t: tiers[t] for t in used}, block_size,
                                       admission, shared))
@@ -322,13 +322,6 @@ def curve_fractions(points: int) -> list[float]:
     if not points:
         return []
     return [4.0 ** -k for k in range(points - 2, -1, -1)] + [4.0]
-
-
-def leading_in_set(keys: list[int], seen: set[int]) -> int:
-    n = 0
-    while n < len(keys) and keys[n] in seen:
-        n += 1
-    return n
 
 
 # --- slices -----------------------------------------------------------------------------------------

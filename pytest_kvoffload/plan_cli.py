@@ -64,8 +64,9 @@ def run_plan(args) -> int:
         return 2
     print(f"trace {trace.path} ({trace.format}): {len(requests):,} of {len(whole):,} requests; "
           f"{scaling.describe(trace.format)}; {block} tokens a block")
-    print(f"reuse: {reuse_share(requests):.1%} of this selection's trace blocks were seen before in it; "
-          f"{reuse_share(whole):.1%} in the whole trace")
+    reuse = {"reuse_share": reuse_share(requests), "trace_reuse_share": reuse_share(whole)}
+    print(f"reuse: {reuse['reuse_share']:.1%} of this selection's trace blocks were seen before in it; "
+          f"{reuse['trace_reuse_share']:.1%} in the whole trace")
     print(f"model {model.name}: {profile.kv_bytes_per_token:,} KV bytes/token; profile {profile.source}; engine KV "
           f"{profile.engine_bytes / 2**30:,.1f} GiB ({result['sizes'].engine:,} blocks)")
     for tier in profile.tiers.values():
@@ -83,7 +84,7 @@ def run_plan(args) -> int:
         print()
         print(curve_table(rows))
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "plan.json", plan_record(args, trace, requests, whole, profile, result, rows))
+    atomic_write_json(out / "plan.json", plan_record(args, trace, requests, whole, reuse, profile, result, rows))
     drawn = rows and write_curve_png(rows, out / "capacity.png",
                                      f"{model.name}, {trace.path.name}: {profile.source}")
     print(f"\nwrote {out / 'plan.json'}" + (f" and {out / 'capacity.png'}" if drawn else
@@ -92,12 +93,12 @@ def run_plan(args) -> int:
     return 0
 
 
-def plan_record(args, trace, requests, whole, profile: Profile, result: dict, rows: list) -> dict:
+def plan_record(args, trace, requests, whole, reuse: dict, profile: Profile, result: dict, rows: list) -> dict:
     baseline = result["configs"]["gpu-only"]
     return {
         "schema": "pytest-kvoffload/plan", "schema_version": 1,
         "trace": str(trace.path), "format": trace.format, "requests": len(requests), "trace_requests": len(whole),
-        "reuse_share": reuse_share(requests), "trace_reuse_share": reuse_share(whole),
+        **reuse,
         "model": args.model, "profile": profile.source, "engine_bytes": profile.engine_bytes,
         "tiers": {name: {"bandwidth_bps": None if t.bandwidth_bps == float("inf") else t.bandwidth_bps,
                          "capacity_bytes": t.capacity_bytes, "fixed_s": t.fixed_s} for name, t in profile.tiers.items()},

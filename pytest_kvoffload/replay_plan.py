@@ -26,13 +26,13 @@ class ReplayPlan:
         """Per request, in order, the tokens of its prompt that an earlier request of the replay already
         had, in whole cache blocks: the part a cache could serve, which is what a break-even prefix is
         compared with (not the prompt's length)."""
-        from .plan import block_keys, leading_in_set
+        from .plan import block_keys, leading
 
         seen: set[int] = set()
         shared = []
         for request in select(self.trace, self.scaling):
             _, keys = block_keys(request, self.trace.format, self.scaling, block_size)
-            shared.append(leading_in_set(keys, seen) * block_size)
+            shared.append(leading(keys, seen) * block_size)
             seen.update(keys)
         return shared
 

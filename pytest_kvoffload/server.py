@@ -191,6 +191,11 @@ class VllmServer(Endpoint):
         remove_shared_regions(self.log_path)
 
 
+# An idle vLLM worker busy-polls for about 1 s after each message, on a core another server's worker may
+# need: two servers measured side by side wait this long before each request (equal engines, A/B).
+IDLE_S = 1.5
+
+
 # vLLM's offloading keeps its CPU tier in a /dev/shm file (SharedOffloadRegion, logged when created) that a
 # stopped server leaves behind: each native-disk server left 6 GB there, and the third start was OOM-killed.
 _SHARED_REGION = re.compile(rb"Created mmap file (/dev/shm/vllm_offload_[\w.-]+\.mmap)")

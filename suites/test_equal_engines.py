@@ -19,10 +19,10 @@ import pytest
 from pytest_kvoffload.client import stream_completion
 from pytest_kvoffload.paired import within_cap
 from pytest_kvoffload.prompts import make_prompt
+from pytest_kvoffload.server import IDLE_S
 
 ROUNDS = 5
 PAIR = ("gpu-only", "kvoffload-disk")
-IDLE_S = 1.5  # vLLM's 1 s busy-poll after a message, and a margin
 
 
 def test_cold_prefill_is_the_same_with_and_without_a_connector(kv_session):
