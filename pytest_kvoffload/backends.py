@@ -125,7 +125,7 @@ def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[lis
         "--max-model-len", str(settings.max_model_len),
         "--enable-prompt-tokens-details",
         "--enable-per-request-metrics",
-        "--seed", "0",
+        "--seed", str(settings.random_seed),
         "--dtype", settings.dtype,
     ]
     if not model.has_weights:
@@ -161,19 +161,19 @@ def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[lis
 
 
 def _kvoffload_chunk_tokens(settings: Settings) -> int:
-    configured = settings.extra.get("kvoffload_disk", {}).get("chunk_tokens")
+    configured = settings.disk_opts.get("chunk_tokens")
     return int(configured) if configured else default_chunk_tokens(settings.block_size)
 
 
 def kvoffload_store_dir(ctx: LaunchContext) -> Path:
     """The connector's store: --kv-disk-opt store_dir=... (the drive under test), else the run's scratch."""
-    configured = ctx.settings.extra.get("kvoffload_disk", {}).get("store_dir")
+    configured = ctx.settings.disk_opts.get("store_dir")
     return Path(configured) if configured else ctx.scratch / "kv-store"
 
 
 def _kvoffload_disk(ctx: LaunchContext) -> ServerSpec:
     extra = {"chunk_tokens": _kvoffload_chunk_tokens(ctx.settings), "capacity_gb": ctx.settings.disk_gb}
-    extra.update(ctx.settings.extra.get("kvoffload_disk", {}))
+    extra.update(ctx.settings.disk_opts)
     extra["store_dir"] = str(kvoffload_store_dir(ctx))
     config = {
         "kv_connector": "KVOffloadDiskConnector",
@@ -389,6 +389,21 @@ def default_registry() -> BackendRegistry:
     return registry
 
 
+def split_backends(value: str) -> list[str]:
+    """A --kv-backend list split on the commas outside brackets: `a,b[x=1,y=2]` is two backends."""
+    names, depth, current = [], 0, ""
+    for char in value:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            names.append(current.strip())
+            current = ""
+        else:
+            current += char
+    names.append(current.strip())
+    return [n for n in names if n]
+
+
+
 def parse_variant(text: str, registry: BackendRegistry) -> Backend:
     """NAME[KEY=VALUE,...]: a registered backend with connector options, under that name. VALUE is read as
     JSON where it parses (numbers, true/false), else as a string. Raises BackendConfigError, one line."""
@@ -434,7 +449,6 @@ def register_variants(registry: BackendRegistry, names: list[str]) -> None:
 def register_ab(registry: BackendRegistry, value: str) -> tuple[str, str]:
     """--kv-ab A,B: the pair's names, variants registered; B compared with itself gets a twin of its own."""
     from .ab import twin_name
-    from .settings import split_backends
 
     names = split_backends(value)
     if len(names) != 2:

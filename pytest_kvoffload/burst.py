@@ -66,7 +66,7 @@ def run_bursts(kv_session, backend, endpoint, lengths, fractions, step: int, rou
                 salt = f"{kv_session.salt}|burst|{length}|{fraction}|{r}"
 
                 def prompt(n, f, variant, tag):
-                    return make_prompt(n, f, seed=settings.seed, salt=f"{salt}|{tag}", variant=variant,
+                    return make_prompt(n, f, seed=settings.random_seed, salt=f"{salt}|{tag}", variant=variant,
                                        vocab_size=settings.model.vocab_size).tokens
 
                 for primed in place_in_tier_only(endpoint, backend, prompt(length, fraction, "prime", "probe")):

@@ -47,7 +47,7 @@ def build_calibration(analysis: dict, settings, environment: dict) -> dict:
             "block_size": settings.block_size,
             "device": environment.get("device"),
             "vllm": environment.get("vllm"),
-            "store": str(settings.extra.get("kvoffload_disk", {}).get("store_dir", "run scratch")),
+            "store": str(settings.disk_opts.get("store_dir", "run scratch")),
         },
         "tiers": tiers,
     }

@@ -12,7 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from .settings import OptionError
+from .options import OptionError
 
 RUN_ID_KEY = "kvoffload_run_id"
 LOADGROUP_KEY = "kvoffload_loadgroup"

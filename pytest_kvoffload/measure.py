@@ -98,7 +98,7 @@ class CellRunner:
         fraction = self.cell.fraction if self.cell.state is not State.COLD else 0.0
         # The purpose is part of the key: a suite's probes must never warm the cells measured after them.
         salt = f"{s.salt}|{self.backend.name}|{self.purpose}|{self.cell.state.value}|round{self._round}"
-        return make_prompt(self.cell.length, fraction, seed=s.settings.seed, salt=salt, variant=variant,
+        return make_prompt(self.cell.length, fraction, seed=s.settings.random_seed, salt=salt, variant=variant,
                            vocab_size=s.settings.model.vocab_size)
 
     def setup(self):

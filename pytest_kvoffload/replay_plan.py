@@ -1,12 +1,11 @@
-"""The --kv-trace options, checked before any server starts, and the prompts they produce."""
+"""What a --kv-trace run replays (options.build_replay_plan reads it): the trace, its scaling and the prompts."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .replay import ReplayItem
-from .settings import OptionError, parse_positive_int
-from .traces import FORMATS, Scaling, Trace, TraceError, build_prompt, read_trace, select
+from .traces import Scaling, Trace, build_prompt, select
 
 
 @dataclass
@@ -40,53 +39,3 @@ class ReplayPlan:
         return {"path": str(self.trace.path), "format": self.trace.format, "requests": len(self.trace.requests),
                 "scaling": self.scaling.describe(self.trace.format), "mode": self.mode,
                 "concurrency": self.concurrency, "max_output": self.max_output}
-
-
-def _float(option: str, value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise OptionError(f"{option} {value!r}: expected a positive number") from None
-    if number <= 0:
-        raise OptionError(f"{option} {value!r}: expected a positive number")
-    return number
-
-
-def build_replay_plan(config, value) -> ReplayPlan | None:
-    path = value(config, "kv_trace", None)
-    if not path:
-        return None
-    fmt = value(config, "kv_trace_format", None)
-    if fmt is not None and fmt not in FORMATS:
-        raise OptionError(f"--kv-trace-format {fmt!r}: expected one of {', '.join(FORMATS)}")
-    try:
-        trace = read_trace(path, fmt)
-    except TraceError as exc:
-        raise OptionError(f"--kv-trace: {exc}") from None
-    per_block = value(config, "kv_trace_tokens_per_block", None)
-    window = value(config, "kv_trace_window", None)
-    window_s = None
-    if window:
-        try:
-            start, end = (float(x) for x in str(window).split(":"))
-        except ValueError:
-            raise OptionError(f"--kv-trace-window {window!r}: expected START:END in seconds, e.g. 0:60") from None
-        if end <= start:
-            raise OptionError(f"--kv-trace-window {window!r}: END must be after START")
-        window_s = (start, end)
-    limit = value(config, "kv_trace_limit", None)
-    scaling = Scaling(
-        tokens_per_block=parse_positive_int("--kv-trace-tokens-per-block", per_block) if per_block else None,
-        time_factor=_float("--kv-trace-time-scale", str(value(config, "kv_trace_time_scale", "1"))),
-        limit=parse_positive_int("--kv-trace-limit", limit) if limit else None,
-        window_s=window_s,
-    )
-    mode = str(value(config, "kv_trace_mode", "open"))
-    if mode not in ("open", "closed"):
-        raise OptionError(f"--kv-trace-mode {mode!r}: expected open or closed")
-    plan = ReplayPlan(trace, scaling, mode,
-                      parse_positive_int("--kv-trace-concurrency", value(config, "kv_trace_concurrency", "4")),
-                      parse_positive_int("--kv-trace-max-output", value(config, "kv_trace_max_output", "4")))
-    if not select(trace, scaling):
-        raise OptionError(f"--kv-trace: no request of {path} falls inside --kv-trace-window {window}")
-    return plan

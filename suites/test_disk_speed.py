@@ -50,7 +50,7 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     store = kvoffload_store_dir(kv_session.context(kv_backend))
     store.mkdir(parents=True, exist_ok=True)
     # The connector's pattern: its chunk files, its I/O threads, fresh files (probe.py).
-    threads = int(kv_settings.extra.get("kvoffload_disk", {}).get("io_threads", 2))
+    threads = int(kv_settings.disk_opts.get("io_threads", 2))
     probe = probe_disk(store, request_bytes=chunk_file, total_bytes=max(256 << 20, 64 * chunk_file), threads=threads)
 
     kv_server.reset_prefix_cache(external=True)

@@ -50,7 +50,7 @@ def test_kvoffload_disk_loads_our_connector_by_module_path(tmp_path):
 
 
 def test_kvoffload_disk_options_pass_through(tmp_path):
-    argv, _ = command("kvoffload-disk", tmp_path, extra={"kvoffload_disk": {"store_dir": "/nvme/kv", "read_gbps": 6}})
+    argv, _ = command("kvoffload-disk", tmp_path, disk_opts={"store_dir": "/nvme/kv", "read_gbps": 6})
     extra = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
     assert extra == {"store_dir": "/nvme/kv", "read_gbps": 6, "chunk_tokens": 256, "capacity_gb": 64.0}
 
@@ -270,7 +270,7 @@ def test_a_native_tier_hit_counts_only_if_vllm_copied_its_bytes():
 
 def test_a_variant_from_the_command_line_is_the_backend_with_its_options(tmp_path):
     from pytest_kvoffload.backends import parse_variant
-    from pytest_kvoffload.settings import split_backends
+    from pytest_kvoffload.backends import split_backends
     registry = default_registry()
     assert split_backends("gpu-only, kvoffload-disk[io_threads=4,read_gbps=0.05],native-cpu") == [
         "gpu-only", "kvoffload-disk[io_threads=4,read_gbps=0.05]", "native-cpu"]

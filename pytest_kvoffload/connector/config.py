@@ -32,6 +32,20 @@ def _number(extra: dict, key: str, kind: type, default, what: str):
         raise ConnectorConfigError(f"kvoffload connector: {key} {value!r} must be {what}") from None
 
 
+def _switch(extra: dict, key: str, default: bool) -> bool:
+    """extra[key] as on/off: a JSON boolean, 1/0 or one of the words a person would write."""
+    value = extra.get(key, default)
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value)
+    word = str(value).strip().lower()
+    if word in SWITCH_WORDS:
+        return SWITCH_WORDS[word]
+    raise ConnectorConfigError(f"kvoffload connector: {key} {value!r} must be true or false (also 1/0, yes/no, on/off)")
+
+
+SWITCH_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
 # Every kv_connector_extra_config key the connector reads.
 OPTIONS = frozenset({"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps",
                      "read_latency_ms", "calibration", "load_mode", "admission", "fault"})
@@ -99,9 +113,7 @@ class ConnectorConfig:
         fault = extra.get("fault") or None
         if fault is not None and fault not in FAULTS:
             raise ConnectorConfigError(f"kvoffload connector: fault {fault!r} must be one of {', '.join(FAULTS)}")
-        direct = extra.get("direct_io", True)
-        if isinstance(direct, str):
-            direct = direct.lower() not in ("0", "false", "no", "off")
+        direct = _switch(extra, "direct_io", True)
         return cls(
             store_dir=Path(extra["store_dir"]),
             capacity_bytes=int(capacity * 1e9),
