@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tabulate import tabulate
 
-from .cells import Cell
+from .cells import Cell, State
 from .measure import CellRunner
 from .paired import FLOOR, median_bound
 from .server import IDLE_S
@@ -91,7 +91,7 @@ def render(a: str, b: str, comparisons: list[CellComparison]) -> str:
     for c in comparisons:
         low, high = c.interval()
         interval = "-" if low is None else f"{low:.3f} to {high:.3f}"
-        rows.append([c.cell.length, "-" if c.cell.state.value == "cold" else f"{c.cell.fraction:g}", c.cell.state.value,
+        rows.append([c.cell.length, "-" if c.cell.state is State.COLD else f"{c.cell.fraction:g}", c.cell.state.value,
                      f"{np.median(c.a_s) * 1e3:,.1f}", f"{np.median(c.b_s) * 1e3:,.1f}",
                      f"{np.median(c.ratios):.3f}", interval, c.verdict()])
     table = tabulate(rows, headers=["length", "cached", "state", "A p50 ms", "B p50 ms", "B/A median",

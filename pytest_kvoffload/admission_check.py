@@ -205,10 +205,10 @@ def run_admission(session, backend: Backend, mode: str, rounds: int) -> Admissio
     overlap_probes = run_bursts(session, slow, session.endpoint(slow), burst_lengths, fractions, step, 3)
     session.pool.release(slow.name)
     analysis = analyse(session.cells(slow.name), kv_bytes, {slow.name: backend.tier})
-    calibration = build_calibration(analysis, settings, session.writer.data["environment"])
+    calibration = build_calibration(analysis, settings, session.run_record().data["environment"])
     tier = calibration["tiers"][backend.name] = calibration["tiers"].pop(slow.name)
     tier["queue_overlap"] = measured_overlap(overlap_probes, tier, kv_bytes, step)
-    path = session.run_dir / "admission-calibration.json"
+    path = session.run_dir() / "admission-calibration.json"
     write_calibration(path, calibration)
     # 3. The guarded server: the same drive, the rule under test.
     guarded_backend = with_connector_options(backend, "admission", server_args=budget, calibration=str(path),

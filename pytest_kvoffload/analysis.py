@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .cells import State
+
 
 @dataclass(frozen=True)
 class RecomputeFit:
@@ -140,17 +142,17 @@ def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -
     out: dict = {}
     for backend in sorted({c["backend"] for c in cells}):
         mine = [c for c in cells if c["backend"] == backend]
-        cold = [c for c in mine if c["state"] == "cold"]
+        cold = [c for c in mine if c["state"] == State.COLD.value]
         if not cold:
             continue
         recompute = fit_recompute([c["length"] for c in cold], [c["ttft"]["p50"] for c in cold])
         lengths = sorted({c["length"] for c in cold})
         # The cells' typical relative spread: how close to the threshold a decision is a coin flip.
-        spreads = [c["ttft"].get("spread", 0.0) for c in mine if c["state"] in ("cold", "tier-hit")]
+        spreads = [c["ttft"].get("spread", 0.0) for c in mine if c["state"] in (State.COLD.value, State.TIER_HIT.value)]
         entry: dict = {"recompute": asdict(recompute), "tier": None, "noise": float(np.median(spreads))}
         source = tiers.get(backend)
-        tier_cells = [c for c in mine if c["state"] == "tier-hit" and source]
-        engine = {(c["length"], c["fraction"]): c for c in mine if c["state"] == "engine-hit"}
+        tier_cells = [c for c in mine if c["state"] == State.TIER_HIT.value and source]
+        engine = {(c["length"], c["fraction"]): c for c in mine if c["state"] == State.ENGINE_HIT.value}
         pairs = [(round(c["sources"].get(source, 0)), c["ttft"]["p50"] - engine[(c["length"], c["fraction"])]["ttft"]["p50"])
                  for c in tier_cells if (c["length"], c["fraction"]) in engine]
         if pairs:

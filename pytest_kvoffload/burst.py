@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .analysis import RecomputeFit, load_and_recompute, queue_overlap
+from .cells import State
 from .client import RequestResult, settled_snapshot, stream_completion
 from .measure import place_in_tier_only
 from .prompts import expected_cached, make_prompt, prefix_length
@@ -74,7 +75,7 @@ def run_bursts(kv_session, backend, endpoint, lengths, fractions, step: int, rou
                 hit = queued_behind(endpoint, prompt(background, 0.0, "", "bg-hit"),
                                     prompt(length, fraction, "measure", "probe"))
                 cold = queued_behind(endpoint, prompt(background, 0.0, "", "bg-cold"),
-                                     prompt(length, 0.0, "measure", "cold"))
+                                     prompt(length, 0.0, "measure", State.COLD.value))
                 cell = cells.setdefault((length, fraction), {"rounds": [], "expected_disk_tokens": expected,
                                                              "background_tokens": background})
                 c = hit.connector
@@ -85,7 +86,7 @@ def run_bursts(kv_session, backend, endpoint, lengths, fractions, step: int, rou
                     "queued": bool(c.get("kvoffload:loads_admitted_queued_total")),
                     "declined": bool(c.get("kvoffload:loads_declined_total")),
                 })
-                for state, outcome in (("tier-hit", hit), ("cold", cold)):
+                for state, outcome in ((State.TIER_HIT.value, hit), (State.COLD.value, cold)):
                     record = burst_record(backend, length, fraction, r, "burst", outcome.probe)
                     record.update(state=state, cached_by_source=outcome.cached_by_source,
                                   connector=outcome.connector, background_ttft_s=outcome.background.client_ttft_s)
@@ -108,7 +109,7 @@ def measured_overlap(probes, tier, kv_bytes_per_token: int, step: int) -> float 
 
 
 def burst_record(backend, length, fraction, r, purpose, result) -> dict:
-    record = {"backend": backend.name, "length": length, "fraction": fraction, "state": "tier-hit", "round": r,
+    record = {"backend": backend.name, "length": length, "fraction": fraction, "state": State.TIER_HIT.value, "round": r,
               "purpose": purpose, **result.to_dict()}
     record.pop("output_token_ids", None)
     record.pop("top_logprobs", None)

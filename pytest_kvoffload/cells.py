@@ -36,15 +36,14 @@ class Cell:
         return f"{self.length}-f{self.fraction:g}-{self.state.value}"
 
 
-def grid(lengths: tuple[int, ...], fractions: tuple[float, ...], with_tier: bool = True) -> list[Cell]:
+def grid(lengths: tuple[int, ...], fractions: tuple[float, ...]) -> list[Cell]:
     """Cold once per length (the fraction does not change a cold prompt), hits per length and fraction."""
     cells = []
     for n in lengths:
         cells.append(Cell(n, 0.0, State.COLD))
         for f in fractions:
             cells.append(Cell(n, f, State.ENGINE_HIT))
-            if with_tier:
-                cells.append(Cell(n, f, State.TIER_HIT))
+            cells.append(Cell(n, f, State.TIER_HIT))
     return cells
 
 

@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvoffload", description="KV offload break-even tools")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    est = sub.add_parser("estimate", help="the seed's first-order break-even bandwidth")
+    est = sub.add_parser("estimate", help="the first-order break-even bandwidth (the seed document's formula)")
     est.add_argument("--model", required=True, help="a shipped model name or a folder with an HF config.json")
     est.add_argument("--tokens", type=_positive_int, nargs="+", required=True, help="prompt lengths")
     est.add_argument("--peak-tflops", type=float, default=989.0, help="dense BF16 peak (default: H100 SXM, 989)")

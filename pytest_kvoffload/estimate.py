@@ -1,4 +1,4 @@
-"""The seed's first-order model: the bandwidth at which loading a prefix ties recomputing it.
+"""The first-order model (the seed document's formula): the bandwidth at which loading a prefix ties recomputing it.
 
 t_prefill(n) = (2 P n + layers x 2 n^2 x q_heads x head_dim) / (peak FLOP/s x MFU)
 required_bw(n) = kv_bytes_per_token x n / t_prefill(n)
@@ -38,8 +38,8 @@ def estimate(model: ModelInfo, tokens: int, peak_tflops: float = H100_SXM_BF16_T
     return Estimate(tokens, t, kv, kv / t / 1e9)
 
 
-def seed_at_measured_speed(model: ModelInfo, cold_seconds: dict[int, float], kv_dtype_bytes: int | None = None) -> dict:
-    """The seed's formula at the prefill FLOP/s this run achieved on its longest cold prompt.
+def first_order_at_measured_speed(model: ModelInfo, cold_seconds: dict[int, float], kv_dtype_bytes: int | None = None) -> dict:
+    """The first-order formula at the prefill FLOP/s this run achieved on its longest cold prompt.
 
     Side by side with the measured break-even, it shows what the first-order model leaves out (fixed
     costs, the attention kernels' real speed at each length) without a guess of peak FLOP/s and MFU.

@@ -156,8 +156,8 @@ def read_options(values: OptionValues, registry: BackendRegistry) -> tuple[Setti
     the A/B pair and the interpreters the options name. Raises OptionError."""
     try:
         register_variants(registry, split_backends(str(values.get("kv_backend", "all"))))
-        ab_value = values.get("kv_ab")
-        ab = register_ab(registry, str(ab_value)) if ab_value else None
+        pair = values.get("kv_ab")
+        ab = register_ab(registry, str(pair)) if pair else None
         use_python(registry, values.items("kv_backend_python"))
     except BackendConfigError as exc:
         raise OptionError(str(exc)) from None

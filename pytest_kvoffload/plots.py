@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-STATE_STYLE = {"cold": ("o-", "cold (recompute)"), "engine-hit": ("s--", "engine-cache hit"),
-               "tier-hit": ("^:", "tier hit")}
+from .cells import State
+
+STATE_STYLE = {State.COLD.value: ("o-", "cold (recompute)"), State.ENGINE_HIT.value: ("s--", "engine-cache hit"),
+               State.TIER_HIT.value: ("^:", "tier hit")}
 
 
 def _pyplot():
@@ -49,9 +51,9 @@ def ttft_by_length(run: dict, path: Path) -> Path | None:
     if not cells:
         return None
     series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
-    top = max((c["fraction"] for c in cells if c["state"] != "cold"), default=0.0)
+    top = max((c["fraction"] for c in cells if c["state"] != State.COLD.value), default=0.0)
     for c in cells:
-        if c["state"] == "cold" or c["fraction"] == top:
+        if c["state"] == State.COLD.value or c["fraction"] == top:
             series[(c["backend"], c["state"])].append((c["length"], c["ttft"]["p50"] * 1000))
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     backends = sorted({b for b, _ in series})
@@ -99,8 +101,8 @@ def frontier(run: dict, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for color, backend in zip(colors, tiers):
-        cold = {c["length"]: c["ttft"]["p50"] for c in cells if c["backend"] == backend and c["state"] == "cold"}
-        hits = [c for c in cells if c["backend"] == backend and c["state"] == "tier-hit" and c["length"] in cold]
+        cold = {c["length"]: c["ttft"]["p50"] for c in cells if c["backend"] == backend and c["state"] == State.COLD.value}
+        hits = [c for c in cells if c["backend"] == backend and c["state"] == State.TIER_HIT.value and c["length"] in cold]
         won = [(c["length"], c["fraction"]) for c in hits if c["ttft"]["p50"] < cold[c["length"]]]
         lost = [(c["length"], c["fraction"]) for c in hits if c["ttft"]["p50"] >= cold[c["length"]]]
         if won:

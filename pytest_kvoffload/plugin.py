@@ -204,12 +204,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     terminalreporter.section("kvoffload")
     try:
-        run = read_run(kv.writer.path)
+        run = read_run(kv.run_record().path)
     except RecordError as exc:
         terminalreporter.write_line(str(exc))
         return
     terminalreporter.write_line(render(run))
-    terminalreporter.write_line(f"results: {kv.writer.run_dir}")
+    terminalreporter.write_line(f"results: {kv.run_record().run_dir}")
     if kv.phases:
         terminalreporter.write_line("time by phase (a test file's time includes the start-ups it caused): " + ", ".join(
             f"{name} {seconds:.0f} s" for name, seconds in sorted(kv.phases.items(), key=lambda kv: -kv[1])))

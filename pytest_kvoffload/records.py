@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "pytest-kvoffload/run"
-SCHEMA_VERSION = 1
+# 2: analysis.<backend>.tier.first_order (was .seed in 1, which read_run still reads).
+SCHEMA_VERSION = 2
 
 
 class RecordError(ValueError):
@@ -96,10 +97,22 @@ def read_run(path: str | Path) -> dict:
         raise RecordError(f"{p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise RecordError(f"{p}: not a pytest-kvoffload run record (schema {SCHEMA!r} expected)")
+    if data.get("schema_version") == 1:
+        return upgrade_v1(data)
     if data.get("schema_version") != SCHEMA_VERSION:
         raise RecordError(
-            f"{p}: schema version {data.get('schema_version')}, this plugin reads version {SCHEMA_VERSION}"
+            f"{p}: schema version {data.get('schema_version')}, this plugin reads versions 1 and {SCHEMA_VERSION}"
         )
+    return data
+
+
+def upgrade_v1(data: dict) -> dict:
+    """A version-1 record in version 2's shape: the tier's first-order figures were under "seed"."""
+    for entry in (data.get("analysis") or {}).values():
+        tier = entry.get("tier") if isinstance(entry, dict) else None
+        if isinstance(tier, dict) and "seed" in tier:
+            tier["first_order"] = tier.pop("seed")
+    data["schema_version"] = SCHEMA_VERSION
     return data
 
 

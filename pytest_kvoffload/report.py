@@ -6,6 +6,7 @@ from collections import defaultdict
 
 from tabulate import tabulate
 
+from .cells import State
 from .stats import excluded
 
 
@@ -28,12 +29,12 @@ def ttft_rows(cells: list[dict]) -> dict[str, list[list]]:
         rows = []
         for length in sorted(lengths):
             entries = lengths[length]
-            cold = entries.get((0.0, "cold"))
+            cold = entries.get((0.0, State.COLD.value))
             cold_ms = cold["ttft"]["p50"] if cold else None
-            fractions = sorted({f for f, s in entries if s != "cold"}) or [None]
+            fractions = sorted({f for f, s in entries if s != State.COLD.value}) or [None]
             for f in fractions:
-                eng = entries.get((f, "engine-hit"))
-                tier = entries.get((f, "tier-hit"))
+                eng = entries.get((f, State.ENGINE_HIT.value))
+                tier = entries.get((f, State.TIER_HIT.value))
                 row = [length, "-" if f is None else f"{f:g}", _ms(cold_ms)]
                 for hit in (eng, tier):
                     if hit is None:
@@ -105,16 +106,16 @@ def break_even_lines(analysis: dict) -> list[str]:
             f"{'resolution' if bw is None else f'{bw:.3f} GB/s'} effective, fixed {tier['fixed_s'] * 1e3:.1f} ms; "
             + ("never pays within 4M tokens" if p_star is None else
                "pays at any prefix length" if p_star <= 1 else f"pays from a {p_star:,.0f}-token prefix"))
-        seed = tier.get("seed") or {}
-        rows = [[length, _gbps(need), _gbps(seed["gbps"][length]) if length in seed.get("gbps", {}) else "-",
+        first_order = tier.get("first_order") or {}
+        rows = [[length, _gbps(need), _gbps(first_order["gbps"][length]) if length in first_order.get("gbps", {}) else "-",
                  "yes" if (bw is None or (need is not None and bw >= need)) else "no",
                  "-" if tier["frontier"].get(length) is None else f"{tier['frontier'][length]:.2f}"]
                 for length, need in tier["break_even_gbps"].items()]
-        lines.append(tabulate(rows, headers=["length", "break-even GB/s", "seed model GB/s", "tier pays",
+        lines.append(tabulate(rows, headers=["length", "break-even GB/s", "first-order GB/s", "tier pays",
                                              "smallest paying fraction"], disable_numparse=True))
-        if seed:
-            lines.append(f"(seed model: the first-order formula, no fixed costs, at the {seed['tflops']:.3g} TFLOP/s "
-                         f"this run's cold {seed['from_tokens']:,}-token prefill achieved)")
+        if first_order:
+            lines.append(f"(first-order: the seed document's formula, no fixed costs, at the {first_order['tflops']:.3g} TFLOP/s "
+                         f"this run's cold {first_order['from_tokens']:,}-token prefill achieved)")
         lines.append("")
     return lines
 

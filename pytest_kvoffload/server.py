@@ -152,18 +152,6 @@ class VllmServer(Endpoint):
                 next_note = now + every
             time.sleep(0.5)
 
-    def alive(self) -> bool:
-        if self.pgid is None:
-            return False
-        try:
-            os.killpg(self.pgid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        # A group whose only members are zombies is gone for our purposes.
-        return self.proc.poll() is None or group_has_live_members(self.pgid)
-
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the whole group, then SIGKILL what is left after `grace` seconds."""
         if self.proc is None:
@@ -285,5 +273,3 @@ class ServerPool:
     def has(self, key: str) -> bool:
         return key in self._servers
 
-    def running(self) -> list[VllmServer]:
-        return list(self._servers.values())

@@ -12,8 +12,9 @@ from . import environment, machine
 from .analysis import analyse
 from .backends import Backend, BackendRegistry, LaunchContext, interpreter_versions, server_command
 from .calibration import build_calibration, write_calibration
+from .cells import State
 from .distributed import merge_runs, worker_records
-from .estimate import seed_at_measured_speed
+from .estimate import first_order_at_measured_speed
 from .models import DTYPE_BYTES
 from .plots import write_all
 from .records import RunWriter, write_cells_csv
@@ -64,9 +65,9 @@ class KVSession:
     def add_phase(self, name: str, seconds: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + seconds
 
-    # The run folder appears only once something is measured or started.
-    @property
-    def writer(self) -> RunWriter:
+    def run_record(self) -> RunWriter:
+        """The run's record, opened on first use: only then does the run folder appear (with a probe of
+        its drive for the environment), so a session that measures nothing leaves no folder."""
         if self._writer is None:
             run_dir = self.settings.results_dir / self.run_id
             if self.worker:
@@ -91,21 +92,20 @@ class KVSession:
         """Whether this session wrote a run record (it does once something is measured or started)."""
         return self._writer is not None
 
-    @property
     def run_dir(self) -> Path:
-        return self.writer.run_dir
+        return self.run_record().run_dir
 
     def context(self, backend: Backend) -> LaunchContext:
-        scratch = self.run_dir / "scratch" / backend.name
+        scratch = self.run_dir() / "scratch" / backend.name
         scratch.mkdir(parents=True, exist_ok=True)
         return LaunchContext(self.settings, scratch)
 
     def skip(self, backend: Backend, reason: str) -> None:
-        self.writer.set_backend(backend.name, "skipped", reason)
+        self.run_record().set_backend(backend.name, "skipped", reason)
 
     def endpoint(self, backend: Backend) -> Endpoint:
         if self.settings.server_url:
-            self.writer.set_backend(backend.name, "external", url=self.settings.server_url)
+            self.run_record().set_backend(backend.name, "external", url=self.settings.server_url)
             return Endpoint(self.settings.server_url, self.settings.model.name)
 
         def factory() -> VllmServer:
@@ -116,8 +116,8 @@ class KVSession:
             argv, env = server_command(backend, context, port)
             if self.devices is not None:
                 env["CUDA_VISIBLE_DEVICES"] = self.devices
-            self.progress(f"starting vLLM for {backend.name} on port {port}; log {self.run_dir / 'logs'}")
-            return VllmServer(backend.name, argv, env, port, self.run_dir / "logs" / f"{backend.name}.log",
+            self.progress(f"starting vLLM for {backend.name} on port {port}; log {self.run_dir() / 'logs'}")
+            return VllmServer(backend.name, argv, env, port, self.run_dir() / "logs" / f"{backend.name}.log",
                               self.settings.model.name)
 
         started = not self.pool.has(backend.name)
@@ -125,14 +125,14 @@ class KVSession:
         try:
             server = self.pool.get(backend.name, factory, self.settings.server_timeout, self.progress)
         except Exception as exc:
-            self.writer.set_backend(backend.name, "failed", str(exc).splitlines()[0])
+            self.run_record().set_backend(backend.name, "failed", str(exc).splitlines()[0])
             raise
         if started:
             self.add_phase("server start-ups", time.monotonic() - clock)
             info = {"argv": server.argv, "log": str(server.log_path)}
             if backend.python:
                 info.update(python=backend.python, versions=interpreter_versions(backend.python))
-            self.writer.set_backend(backend.name, "running", **info)
+            self.run_record().set_backend(backend.name, "running", **info)
             clock = time.monotonic()
             self.measure_speed(backend.name, server)
             self.add_phase("warm-ups and prefill-speed probes", time.monotonic() - clock)
@@ -146,11 +146,11 @@ class KVSession:
         speed = measure_prefill(endpoint, max(s.lengths), s.max_model_len, s.max_prefill_s,
                                 f"{self.salt}|{name}|start{self._starts}", s.model.vocab_size)
         self.speeds[name] = speed
-        self.writer.set_backend(name, self.writer.data["backends"][name]["status"], prefill=speed.to_dict())
+        self.run_record().set_backend(name, self.run_record().data["backends"][name]["status"], prefill=speed.to_dict())
         self.progress(f"{name}: warmed up; {speed.describe()} ({s.dtype})")
         if self._lengths is None:
             self._lengths = s.lengths if s.lengths_given else lengths_within(s.lengths, speed, s.max_prefill_s)
-            self.writer.set("lengths", list(self._lengths))
+            self.run_record().set("lengths", list(self._lengths))
             dropped = [n for n in s.lengths if n not in self._lengths]
             if dropped:
                 self.progress(f"lengths {', '.join(map(str, dropped))} left out: their cold prefill is predicted "
@@ -169,11 +169,11 @@ class KVSession:
             self.hook.pytest_kvoffload_measurement(record=record)
 
     def record(self, measurement: dict) -> None:
-        self.writer.add_measurement(measurement)
+        self.run_record().add_measurement(measurement)
 
     def measurements(self, backend: str | None = None, purpose: str | None = "measure") -> list[dict]:
         """The run's measurement records so far, of one backend and purpose (None: any)."""
-        return [m for m in self.writer.data["measurements"]
+        return [m for m in self.run_record().data["measurements"]
                 if (backend is None or m["backend"] == backend) and (purpose is None or m.get("purpose") == purpose)]
 
     def cells(self, backend: str | None = None, purpose: str = "measure") -> list[dict]:
@@ -182,9 +182,9 @@ class KVSession:
 
     def add_benchmark(self, name: str, text: str, data: dict) -> None:
         """A benchmark's figures: printed in the terminal summary and kept in run.json."""
-        benchmarks = self.writer.data.setdefault("benchmarks", {})
+        benchmarks = self.run_record().data.setdefault("benchmarks", {})
         benchmarks[name] = {"text": text, **data}
-        self.writer.flush()
+        self.run_record().flush()
 
     def finish(self, interrupted: bool) -> None:
         self.pool.stop_all()
@@ -192,7 +192,7 @@ class KVSession:
             runs = worker_records(self.settings.results_dir / self.run_id)
             if not runs:
                 return
-            self.writer.data = merge_runs(runs, self.writer.data)
+            self.run_record().data = merge_runs(runs, self.run_record().data)
             if any(run.get("status") != "complete" for run in runs):
                 interrupted = True
         if self._writer is None:
@@ -205,9 +205,9 @@ class KVSession:
         tiers = {name: self.registry.get(name).tier for name in self.registry.names() if self.registry.get(name).tier}
         analysis = analyse(cells, self.settings.kv_bytes_per_token, tiers)
         for backend, entry in analysis.items():
-            cold = {c["length"]: c["ttft"]["p50"] for c in cells if c["backend"] == backend and c["state"] == "cold"}
+            cold = {c["length"]: c["ttft"]["p50"] for c in cells if c["backend"] == backend and c["state"] == State.COLD.value}
             if entry.get("tier") and cold:
-                entry["tier"]["seed"] = seed_at_measured_speed(self.settings.model, cold,
+                entry["tier"]["first_order"] = first_order_at_measured_speed(self.settings.model, cold,
                                                                 DTYPE_BYTES[self.settings.dtype])
         self._writer.finish(status, cells, analysis)
         if self.worker:

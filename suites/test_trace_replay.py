@@ -32,7 +32,7 @@ def _settled(endpoint, before, prompt_tokens, deadline_s=30.0):
 
 
 def _break_even_prefix(kv_session, backend):
-    cells = [c for c in cell_table(kv_session.writer.data["measurements"]) if c["backend"] == backend.name]
+    cells = [c for c in cell_table(kv_session.run_record().data["measurements"]) if c["backend"] == backend.name]
     if not backend.tier or not cells:
         return None
     tier = analyse(cells, kv_session.settings.kv_bytes_per_token, {backend.name: backend.tier}) \
@@ -104,7 +104,7 @@ def test_replay_trace(kv_session, kv_backend, kv_server):
         "late_s_max": max(r.late_s for r in records),
         "per_request": [vars(r) for r in records],
     }
-    bench = kv_session.writer.data.setdefault("benchmarks", {}).setdefault(NAME, {"backends": {}})
+    bench = kv_session.run_record().data.setdefault("benchmarks", {}).setdefault(NAME, {"backends": {}})
     bench["backends"][kv_backend.name] = result
     bench["trace"] = plan.describe()
     summary = {k: {kk: vv for kk, vv in v.items() if kk != "per_request"} for k, v in bench["backends"].items()}

@@ -97,12 +97,12 @@ def test_break_even_prefix_is_where_hits_pay_from_on_not_a_fixed_cost_island():
 
 
 def test_seed_model_at_the_measured_prefill_speed():
-    from pytest_kvoffload.estimate import seed_at_measured_speed
+    from pytest_kvoffload.estimate import first_order_at_measured_speed
     from pytest_kvoffload.models import load_model
 
     model = load_model("tiny-llama")
     cold = {512: 0.05, 1024: 0.1, 4096: 0.8}
-    seed = seed_at_measured_speed(model, cold)
+    seed = first_order_at_measured_speed(model, cold)
     assert seed["from_tokens"] == 4096 and seed["tflops"] > 0
     # At the length it was fitted on, the formula's prefill time is the measured one.
     assert seed["gbps"]["4096"] == pytest.approx(model.kv_bytes_per_token() * 4096 / 0.8 / 1e9)
@@ -116,9 +116,9 @@ def test_report_puts_the_seed_model_beside_the_measured_break_even():
     analysis = {"kvoffload-disk": {"tier": {
         "source": "disk", "bandwidth_gbps": 0.5, "fixed_s": 0.03, "break_even_prefix_tokens": 900.0,
         "break_even_gbps": {"512": 0.8, "4096": 0.2}, "frontier": {"512": None, "4096": 0.22},
-        "seed": {"tflops": 0.04, "from_tokens": 4096, "gbps": {"512": 0.3, "4096": 0.1}}}}}
+        "first_order": {"tflops": 0.04, "from_tokens": 4096, "gbps": {"512": 0.3, "4096": 0.1}}}}}
     text = "\n".join(break_even_lines(analysis))
-    assert "seed model GB/s" in text and "0.300" in text and "at the 0.04 TFLOP/s this run's cold 4,096-token" in text
+    assert "first-order GB/s" in text and "0.300" in text and "at the 0.04 TFLOP/s this run's cold 4,096-token" in text
 
 
 @pytest.mark.parametrize("planted", [0.0, 0.5, 1.0])

@@ -44,6 +44,19 @@ def test_read_run_refuses_other_files(tmp_path):
         read_run(tmp_path)
     with pytest.raises(RecordError, match="no run.json there"):
         read_run(tmp_path / "missing")
+    (tmp_path / "run.json").write_text(json.dumps({"schema": "pytest-kvoffload/run", "schema_version": 9}))
+    with pytest.raises(RecordError, match="schema version 9, this plugin reads versions 1 and 2"):
+        read_run(tmp_path)
+
+
+def test_version_1_record_reads_as_version_2(tmp_path):
+    """Version 1 kept the tier's first-order figures under "seed"; the reader moves them."""
+    figures = {"tflops": 0.04, "from_tokens": 4096, "gbps": {"512": 0.3}}
+    (tmp_path / "run.json").write_text(json.dumps({
+        "schema": "pytest-kvoffload/run", "schema_version": 1,
+        "analysis": {"kvoffload-disk": {"tier": {"seed": figures}}, "gpu-only": {"tier": None}}}))
+    run = read_run(tmp_path)
+    assert run["schema_version"] == 2 and run["analysis"]["kvoffload-disk"]["tier"] == {"first_order": figures}
 
 
 def test_summary_statistics():

@@ -19,7 +19,7 @@ class Recorder:
 
 def side(tmp_path, admit):
     config = ConnectorConfig.from_extra({"store_dir": str(tmp_path), "chunk_tokens": 256}, BLOCK)
-    return SchedulerSide(config, BLOCK, b"seed", exists=lambda key: True, clear=lambda: 0, admit=admit)
+    return SchedulerSide(config, BLOCK, b"root", exists=lambda key: True, clear=lambda: 0, admit=admit)
 
 
 def request(req_id, n):

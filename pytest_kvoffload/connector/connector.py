@@ -11,7 +11,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from ..calibration import check_fingerprint, read_calibration, tier_entry
 from .admission import FIXED_MODES, Admission, FixedAdmission
 from .config import ConnectorConfig
-from .hashing import key_seed
+from .hashing import key_root
 from .metadata import KVOffloadMetadata
 from .scheduler import SchedulerSide
 from .prom import KVOffloadPromMetrics, KVOffloadStats
@@ -73,7 +73,7 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         self.config = ConnectorConfig.from_extra(extra, block_size)
         self.fingerprint = fingerprint(vllm_config, self.config.chunk_tokens)
-        seed = key_seed(self.fingerprint)
+        chain_root = key_root(self.fingerprint)
         self._scheduler = None
         self._worker = None
         self._scheduler_counters = Counters()
@@ -82,7 +82,7 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
             root = self.config.store_dir / "rank0"
             root.mkdir(parents=True, exist_ok=True)
             self._scheduler = SchedulerSide(
-                self.config, block_size, seed,
+                self.config, block_size, chain_root,
                 exists=lambda key: (root / f"{key}{SUFFIX}").is_file(),
                 clear=lambda: _clear_all(self.config.store_dir),
                 admit=self._admission(vllm_config),

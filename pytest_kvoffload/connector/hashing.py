@@ -1,7 +1,7 @@
 """Chained chunk keys: a chunk's key depends on every token up to and including it.
 
 blake2b, not Python's hash(): keys must agree between the scheduler and worker processes and across
-server restarts. The seed folds in everything that makes stored KV incompatible (model, dtype, block
+server restarts. The root folds in everything that makes stored KV incompatible (model, dtype, block
 size, layout, platform), so another model's chunks can never answer a lookup.
 """
 
@@ -15,15 +15,15 @@ import numpy as np
 KEY_BYTES = 16
 
 
-def key_seed(fingerprint: str) -> bytes:
+def key_root(fingerprint: str) -> bytes:
     return hashlib.blake2b(fingerprint.encode(), digest_size=KEY_BYTES).digest()
 
 
-def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, seed: bytes) -> list[str]:
+def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, root: bytes) -> list[str]:
     """Keys of the full chunks of `token_ids`, in order; a trailing partial chunk has none."""
     tokens = np.asarray(token_ids, dtype="<i8")
     keys = []
-    previous = seed
+    previous = root
     for start in range(0, len(tokens) - chunk_tokens + 1, chunk_tokens):
         digest = hashlib.blake2b(previous, digest_size=KEY_BYTES)
         digest.update(tokens[start:start + chunk_tokens].tobytes())
@@ -32,12 +32,12 @@ def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, seed: bytes) -> list
     return keys
 
 
-def request_seed(seed: bytes, request) -> bytes | None:
-    """The chain seed of one request's keys, or None for a request that must be neither saved nor loaded.
+def request_key_root(root: bytes, request) -> bytes | None:
+    """The chain root of one request's keys, or None for a request that must be neither saved nor loaded.
 
     vLLM hashes more than tokens into a block (kv_cache_utils.generate_block_hash_extra_keys): the LoRA
     adapter, the request's cache_salt, multimodal inputs and prompt embeddings. Two requests with the
-    same tokens but another adapter or salt must not share KV, so the adapter and salt go into the seed;
+    same tokens but another adapter or salt must not share KV, so the adapter and salt go into the root;
     multimodal and embedding prompts, whose KV depends on more than their token ids, are not keyed.
     """
     if getattr(request, "mm_features", None) or getattr(request, "prompt_embeds", None) is not None:
@@ -50,5 +50,5 @@ def request_seed(seed: bytes, request) -> bytes | None:
     if salt:
         extra.append(f"cache_salt={salt}")
     if not extra:
-        return seed
-    return hashlib.blake2b(seed + "|".join(extra).encode(), digest_size=KEY_BYTES).digest()
+        return root
+    return hashlib.blake2b(root + "|".join(extra).encode(), digest_size=KEY_BYTES).digest()

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 from .config import ConnectorConfig
-from .hashing import chunk_keys, request_seed
+from .hashing import chunk_keys, request_key_root
 from .metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
 
 log = logging.getLogger("pytest_kvoffload.connector")
@@ -28,14 +28,21 @@ class _Tracked:
     has_saves: bool = False
 
 
+class Admit(Protocol):
+    """The admission rule's call (admission.py): load the stored prefix, or recompute it."""
+
+    def __call__(self, load_tokens: int, prompt_tokens: int, local_tokens: int, *,
+                 ahead: list[tuple[int, int]], loading_tokens: int) -> bool: ...
+
+
 class SchedulerSide:
-    def __init__(self, config: ConnectorConfig, block_size: int, seed: bytes,
+    def __init__(self, config: ConnectorConfig, block_size: int, key_root: bytes,
                  exists: Callable[[str], bool], clear: Callable[[], int],
-                 admit: Callable[[int, int, int], bool] | None = None, counters=None) -> None:
+                 admit: Admit | None = None, counters=None) -> None:
         self.config = config
         self.block_size = block_size
         self.chunk = config.chunk_tokens
-        self.seed = seed
+        self.key_root = key_root
         self.exists = exists
         self.clear = clear
         # admit(prefix tokens to load, prompt tokens, locally cached tokens, ahead=[(computed, prompt)] of
@@ -55,17 +62,17 @@ class SchedulerSide:
 
     def _keys_for(self, request) -> list[str]:
         """The request's chunk keys, made at its first lookup (vLLM looks every request up before it is
-        scheduled); none for a request that cannot be keyed (hashing.request_seed), which is then neither
+        scheduled); none for a request that cannot be keyed (hashing.request_key_root), which is then neither
         saved nor loaded."""
         keys = self._keys.get(request.request_id)
         if keys is None:
-            seed = request_seed(self.seed, request)
-            if seed is None:
+            root = request_key_root(self.key_root, request)
+            if root is None:
                 keys = []
                 if self.counters is not None:
                     self.counters.add("requests_not_keyed")
             else:
-                keys = chunk_keys(list(request.prompt_token_ids or []), self.chunk, seed)
+                keys = chunk_keys(list(request.prompt_token_ids or []), self.chunk, root)
             self._keys[request.request_id] = keys
         return keys
 
