@@ -24,3 +24,15 @@ def pytest_kvoffload_register_backends(registry):
 @hookspec
 def pytest_kvoffload_measurement(record):
     """Called with each measurement record (a dict) as soon as it is taken; may add keys to it."""
+
+
+@hookspec
+def pytest_kvoffload_environment(environment):
+    """Called once with the run's environment (a dict: machine, CPU flags, versions, drive) before it is
+    recorded in run.json; may add keys to it (a lab's machine id, a rack, a firmware version)."""
+
+
+@hookspec
+def pytest_kvoffload_run_finished(run, run_dir):
+    """Called once the run's record is complete and its files are written: `run` is run.json's content (a
+    dict), `run_dir` the run's folder (a Path). Post it, check it, archive it."""

@@ -9,16 +9,11 @@ from pathlib import Path
 from typing import Callable
 
 from . import environment, machine
-from .analysis import analyse
 from .backends import Backend, BackendRegistry, LaunchContext, interpreter_versions, server_command
-from .calibration import build_calibration, write_calibration
-from .cells import State
 from .distributed import merge_runs, worker_records
-from .estimate import first_order_at_measured_speed
-from .models import DTYPE_BYTES
-from .plots import write_all
-from .records import RunWriter, write_cells_csv
-from .report import render
+from .records import RunWriter
+from .results import compute_results
+from .run_files import write_run_files
 from .server import Endpoint, ServerPool, VllmServer, free_port
 from .settings import Settings
 from .speed import PrefillSpeed, lengths_within, measure_prefill
@@ -77,6 +72,8 @@ class KVSession:
             env["drive"] = environment.drive(run_dir)
             if self.devices is not None:
                 env["cuda_visible_devices"] = self.devices
+            if self.hook is not None:
+                self.hook.pytest_kvoffload_environment(environment=env)
             self._writer = RunWriter(run_dir, self.run_id, self.options, env)
             if self.worker:
                 self._writer.set("worker", self.worker)
@@ -187,40 +184,34 @@ class KVSession:
         self.run_record().flush()
 
     def finish(self, interrupted: bool) -> None:
+        """Stop the servers, complete the run's record (results.py), then write the files drawn from it
+        (run_files.py) and tell the pytest_kvoffload_run_finished hook."""
         self.pool.stop_all()
+        run = self.complete_record(interrupted)
+        if run is None:
+            return
+        run_dir = self.run_dir()
+        if not self.worker:
+            # A worker's record is merged by the controller, which writes the run's files from the whole.
+            write_run_files(run, self.settings, run_dir, self.progress)
+            if self.hook is not None:
+                self.hook.pytest_kvoffload_run_finished(run=run, run_dir=run_dir)
+        shutil.rmtree(run_dir / "scratch", ignore_errors=True)
+
+    def complete_record(self, interrupted: bool) -> dict | None:
+        """The record with its status, cells and analysis, saved; None when this session recorded nothing."""
         if self.controller:
             runs = worker_records(self.settings.results_dir / self.run_id)
             if not runs:
-                return
+                return None
             self.run_record().data = merge_runs(runs, self.run_record().data)
             if any(run.get("status") != "complete" for run in runs):
                 interrupted = True
         if self._writer is None:
-            return
-        for name, entry in self._writer.data["backends"].items():
+            return None
+        for entry in self._writer.data["backends"].values():
             if entry.get("status") == "running":
                 entry["status"] = "measured"
-        status = "partial" if interrupted else "complete"
-        cells = cell_table(self._writer.data["measurements"])
-        tiers = {name: self.registry.get(name).tier for name in self.registry.names() if self.registry.get(name).tier}
-        analysis = analyse(cells, self.settings.kv_bytes_per_token, tiers)
-        for backend, entry in analysis.items():
-            cold = {c["length"]: c["ttft"]["p50"] for c in cells if c["backend"] == backend and c["state"] == State.COLD.value}
-            if entry.get("tier") and cold:
-                entry["tier"]["first_order"] = first_order_at_measured_speed(self.settings.model, cold,
-                                                                DTYPE_BYTES[self.settings.dtype])
-        self._writer.finish(status, cells, analysis)
-        if self.worker:
-            # The controller merges every worker's record and writes the run's files from the whole.
-            shutil.rmtree(self._writer.run_dir / "scratch", ignore_errors=True)
-            return
-        calibration = build_calibration(analysis, self.settings, self._writer.data["environment"])
-        if calibration["tiers"]:
-            write_calibration(self._writer.run_dir / "calibration.json", calibration)
-        write_cells_csv(self._writer.run_dir / "cells.csv", cells)
-        (self._writer.run_dir / "summary.txt").write_text(render(self._writer.data) + "\n")
-        try:
-            write_all(self._writer.data, self._writer.run_dir)
-        except Exception as exc:  # a plot must never cost the run its record
-            self.progress(f"plot skipped: {exc}")
-        shutil.rmtree(self._writer.run_dir / "scratch", ignore_errors=True)
+        cells, analysis = compute_results(self._writer.data["measurements"], self.registry, self.settings)
+        self._writer.finish("partial" if interrupted else "complete", cells, analysis)
+        return self._writer.data

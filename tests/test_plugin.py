@@ -137,3 +137,25 @@ def test_bad_trace_options(pytester, args, message):
     result = pytester.runpytest_subprocess(f"--kv-trace={trace}", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{message}*"])
+
+
+def test_environment_and_run_finished_hooks(pytester):
+    """A conftest adds to the recorded environment and is handed the finished run (a skipped backend is
+    enough for a record: no server starts)."""
+    pytester.makeconftest("""
+import json
+
+def pytest_kvoffload_environment(environment):
+    environment["lab"] = "rack-7"
+
+def pytest_kvoffload_run_finished(run, run_dir):
+    (run_dir / "seen.json").write_text(json.dumps({"status": run["status"], "lab": run["environment"]["lab"],
+                                                   "summary": (run_dir / "summary.txt").is_file()}))
+""")
+    pytester.makepyfile(USES_BACKEND)
+    result = pytester.runpytest_subprocess("--kv-backend=lmcache-disk")
+    result.assert_outcomes(skipped=1)
+    (run_dir,) = (pytester.path / "results").iterdir()
+    import json
+    assert json.loads((run_dir / "seen.json").read_text()) == {"status": "complete", "lab": "rack-7", "summary": True}
+    assert json.loads((run_dir / "run.json").read_text())["environment"]["lab"] == "rack-7"
