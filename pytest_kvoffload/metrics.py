@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+from prometheus_client.parser import text_string_to_metric_families
 
 CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
@@ -23,23 +21,24 @@ class Sample:
 
 
 def parse(text: str) -> list[Sample]:
-    """Samples of a Prometheus text exposition; comments and malformed lines are skipped."""
-    samples = []
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        match = _LINE.match(line)
-        if not match:
-            continue
-        name, _, labels, value = match.group(1), match.group(2), match.group(3), match.group(4)
-        try:
-            number = float(value)
-        except ValueError:
-            continue
-        pairs = tuple(sorted(_LABEL.findall(labels or "")))
-        samples.append(Sample(name, pairs, number))
-    return samples
+    """Samples of a Prometheus text exposition (prometheus_client's parser). A line the parser refuses
+    costs only itself: the text is then read line by line, skipping those."""
+    try:
+        return _samples(text)
+    except ValueError:
+        samples = []
+        for line in text.splitlines():
+            if line.strip() and not line.lstrip().startswith("#"):
+                try:
+                    samples += _samples(line + "\n")
+                except ValueError:
+                    continue
+        return samples
+
+
+def _samples(text: str) -> list[Sample]:
+    return [Sample(sample.name, tuple(sorted(sample.labels.items())), float(sample.value))
+            for family in text_string_to_metric_families(text) for sample in family.samples]
 
 
 @dataclass(frozen=True)

@@ -11,18 +11,19 @@ STATE_STYLE = {State.COLD.value: ("o-", "cold (recompute)"), State.ENGINE_HIT.va
                State.TIER_HIT.value: ("^:", "tier hit")}
 
 
-def _pyplot():
+def _figure():
+    """A figure and its axes, or None without matplotlib (the [plots] extra). A Figure of its own, not
+    pyplot: drawing must not switch the backend of the process that imports us."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib import rcParams
+        from matplotlib.figure import Figure
     except ImportError:
         return None
-    return plt
+    figure = Figure(figsize=(8, 5), dpi=120)
+    return figure, figure.subplots(), rcParams["axes.prop_cycle"].by_key()["color"]
 
 
-def _finish(plt, fig, ax, path: Path, ylabel: str, title: str, log_y: bool = True) -> Path:
+def _finish(fig, ax, path: Path, ylabel: str, title: str, log_y: bool = True) -> Path:
     """Shared decoration: prompt length on a log2 axis, grid, legend, saved as PNG."""
     ax.set_xscale("log", base=2)
     if log_y:
@@ -34,7 +35,6 @@ def _finish(plt, fig, ax, path: Path, ylabel: str, title: str, log_y: bool = Tru
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 
@@ -42,41 +42,38 @@ def _model(run: dict) -> str:
     return (run.get("options") or {}).get("model", {}).get("name", "")
 
 
-def ttft_by_length(run: dict, path: Path) -> Path | None:
+def plot_ttft_by_length(run: dict, path: Path) -> Path | None:
     """TTFT p50 against prompt length per backend: cold, and each hit state at the largest fraction."""
-    plt = _pyplot()
-    if plt is None:
-        return None
     cells = run.get("cells") or []
-    if not cells:
+    drawing = _figure()
+    if drawing is None or not cells:
         return None
+    fig, ax, palette = drawing
     series: dict[tuple[str, str], list[tuple[int, float]]] = defaultdict(list)
     top = max((c["fraction"] for c in cells if c["state"] != State.COLD.value), default=0.0)
     for c in cells:
         if c["state"] == State.COLD.value or c["fraction"] == top:
             series[(c["backend"], c["state"])].append((c["length"], c["ttft"]["p50"] * 1000))
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     backends = sorted({b for b, _ in series})
-    colors = dict(zip(backends, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    colors = dict(zip(backends, palette))
     for (backend, state), points in sorted(series.items()):
         points.sort()
         style, label = STATE_STYLE.get(state, ("x-", state))
         ax.plot([p[0] for p in points], [p[1] for p in points], style, color=colors[backend],
                 label=f"{backend}: {label}")
-    return _finish(plt, fig, ax, path, "TTFT p50 (ms)",
+    return _finish(fig, ax, path, "TTFT p50 (ms)",
                    f"TTFT by prompt length, {_model(run)}; hits with {top:.0%} of the prompt cached")
 
 
-def break_even_bandwidth(run: dict, path: Path) -> Path | None:
-    """The seed's central picture from measured data: the bandwidth a tier needs at each length (falling
+def plot_break_even_bandwidth(run: dict, path: Path) -> Path | None:
+    """The seed document's central picture, from measured data: the bandwidth a tier needs at each length (falling
     with length), against the bandwidth each tier delivered (a horizontal line). Where the line is above
     the curve, loading beats recomputing."""
-    plt = _pyplot()
     tiers = {b: e["tier"] for b, e in (run.get("analysis") or {}).items() if e.get("tier")}
-    if plt is None or not tiers:
+    drawing = _figure() if tiers else None
+    if drawing is None:
         return None
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax, colors = drawing
     for color, (backend, tier) in zip(colors, sorted(tiers.items())):
         points = sorted((int(n), g) for n, g in tier["break_even_gbps"].items() if g is not None)
         if points:
@@ -85,21 +82,20 @@ def break_even_bandwidth(run: dict, path: Path) -> Path | None:
         if tier.get("bandwidth_gbps"):
             ax.axhline(tier["bandwidth_gbps"], color=color, linestyle="--",
                        label=f"{backend}: measured {tier['bandwidth_gbps']:.3g} GB/s effective")
-    return _finish(plt, fig, ax, path, "bandwidth (GB/s)",
+    return _finish(fig, ax, path, "bandwidth (GB/s)",
                    f"Break-even bandwidth vs measured tier bandwidth, {_model(run)}")
 
 
-def frontier(run: dict, path: Path) -> Path | None:
+def plot_frontier(run: dict, path: Path) -> Path | None:
     """Length x cached fraction: where a tier hit beat recompute (filled) or not (open), and the fitted
     frontier p*/L above which hits pay."""
-    plt = _pyplot()
     cells = run.get("cells") or []
     analysis = run.get("analysis") or {}
     tiers = sorted(b for b, e in analysis.items() if e.get("tier"))
-    if plt is None or not tiers:
+    drawing = _figure() if tiers else None
+    if drawing is None:
         return None
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax, colors = drawing
     for color, backend in zip(colors, tiers):
         cold = {c["length"]: c["ttft"]["p50"] for c in cells if c["backend"] == backend and c["state"] == State.COLD.value}
         hits = [c for c in cells if c["backend"] == backend and c["state"] == State.TIER_HIT.value and c["length"] in cold]
@@ -118,12 +114,12 @@ def frontier(run: dict, path: Path) -> Path | None:
                 ax.plot(xs, [p_star / n for n in xs], "x-", color=color, markersize=9,
                         label=f"{backend}: fitted frontier, prefix >= {p_star:,.0f} tokens")
     ax.set_ylim(0, 1.05)
-    return _finish(plt, fig, ax, path, "cached fraction of the prompt", f"Where a tier hit pays, {_model(run)}",
+    return _finish(fig, ax, path, "cached fraction of the prompt", f"Where a tier hit pays, {_model(run)}",
                    log_y=False)
 
 
 def write_all(run: dict, folder: Path) -> list[Path]:
-    made = [ttft_by_length(run, folder / "ttft_by_length.png"),
-            break_even_bandwidth(run, folder / "break_even_bandwidth.png"),
-            frontier(run, folder / "frontier.png")]
+    made = [plot_ttft_by_length(run, folder / "ttft_by_length.png"),
+            plot_break_even_bandwidth(run, folder / "break_even_bandwidth.png"),
+            plot_frontier(run, folder / "frontier.png")]
     return [p for p in made if p is not None]

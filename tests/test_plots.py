@@ -1,7 +1,7 @@
 import pytest
 
 from pytest_kvoffload.analysis import analyse
-from pytest_kvoffload.plots import ttft_by_length, write_all
+from pytest_kvoffload.plots import plot_ttft_by_length, write_all
 from pytest_kvoffload.stats import cell_table
 
 matplotlib = pytest.importorskip("matplotlib")
@@ -21,13 +21,13 @@ def test_ttft_plot_is_a_png_with_one_line_per_backend_and_state(tmp_path, monkey
     import matplotlib.axes
     original = matplotlib.axes.Axes.plot
     monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, *a, **k: lines.append(k["label"]) or original(self, *a, **k))
-    path = ttft_by_length(run, tmp_path / "ttft.png")
+    path = plot_ttft_by_length(run, tmp_path / "ttft.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(lines) == 5 and "kvoffload-disk: tier hit" in lines
 
 
 def test_no_cells_no_plot(tmp_path):
-    assert ttft_by_length({"cells": []}, tmp_path / "x.png") is None
+    assert plot_ttft_by_length({"cells": []}, tmp_path / "x.png") is None
 
 
 def test_all_plots_from_a_run_with_a_tier(tmp_path):
@@ -42,6 +42,8 @@ def test_all_plots_from_a_run_with_a_tier(tmp_path):
     cells = cell_table(ms)
     run = {"cells": cells, "analysis": analyse(cells, 4096, {"kvoffload-disk": "disk"}),
            "options": {"model": {"name": "tiny-llama"}}}
+    backend = matplotlib.get_backend()
     made = write_all(run, tmp_path)
+    assert matplotlib.get_backend() == backend, "drawing switched the process's matplotlib backend"
     assert [p.name for p in made] == ["ttft_by_length.png", "break_even_bandwidth.png", "frontier.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in made)
