@@ -42,8 +42,13 @@ def test_all_plots_from_a_run_with_a_tier(tmp_path):
     cells = cell_table(ms)
     run = {"cells": cells, "analysis": analyse(cells, 4096, {"kvoffload-disk": "disk"}),
            "options": {"model": {"name": "tiny-llama"}}}
+    # A process drawing on another backend keeps it (svg here, so a switch to Agg would show).
     backend = matplotlib.get_backend()
-    made = write_all(run, tmp_path)
-    assert matplotlib.get_backend() == backend, "drawing switched the process's matplotlib backend"
+    matplotlib.use("svg")
+    try:
+        made = write_all(run, tmp_path)
+        assert matplotlib.get_backend() == "svg", "drawing switched the process's matplotlib backend"
+    finally:
+        matplotlib.use(backend)
     assert [p.name for p in made] == ["ttft_by_length.png", "break_even_bandwidth.png", "frontier.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in made)
