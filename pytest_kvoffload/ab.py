@@ -22,6 +22,7 @@ from tabulate import tabulate
 from .cells import Cell, State
 from .measure import CellRunner
 from .paired import FLOOR, median_bound
+from .progress import Tracker
 from .server import IDLE_S
 
 # Two-sided 95%: each side of the interval at 97.5%. Fewer rounds than this cannot give an interval.
@@ -72,6 +73,7 @@ def compare_cell(session, a, b, cell: Cell, rounds: int) -> CellComparison:
     """`rounds` rounds of one cell on both servers, interleaved, fresh prompts each round."""
     comparison = CellComparison(cell)
     endpoints = {a.name: session.endpoint(a), b.name: session.endpoint(b)}
+    tracker = Tracker(session.progress, f"A/B {cell.id}", rounds, "rounds")
     for r in range(rounds):
         order = (a, b) if r % 2 == 0 else (b, a)
         measured = {}
@@ -83,6 +85,7 @@ def compare_cell(session, a, b, cell: Cell, rounds: int) -> CellComparison:
             measured[backend.name] = outcome.ttfts[-1]
         comparison.a_s.append(measured[a.name])
         comparison.b_s.append(measured[b.name])
+        tracker.step()
     return comparison
 
 

@@ -22,6 +22,7 @@ from .burst import burst_table, measured_overlap, run_bursts
 from .calibration import build_calibration, write_calibration
 from .cells import Cell, State
 from .measure import CellRunner
+from .progress import Tracker
 from .paired import CONFIDENCE, FLOOR, median_bound, verdict
 from .prompts import expected_cached, prefix_length
 from .report import break_even_lines
@@ -108,6 +109,8 @@ def run_grid(session, backend: Backend, endpoint, lengths, fractions, rounds: in
     settings = session.settings
     granularity = backend.granularity(settings)
     grid = Grid(backend.name)
+    tracker = Tracker(session.progress, f"{purpose} grid on {backend.name}", len(lengths) * rounds,
+                      "lengths x rounds")
     for length in lengths:
         for r in range(first_round, first_round + rounds):
             check = r == 0  # outputs compared with a recompute once per cell
@@ -127,6 +130,7 @@ def run_grid(session, backend: Backend, endpoint, lengths, fractions, rounds: in
                     tier_tokens=result.cached_by_source.get(backend.tier or "", 0),
                     admitted=bool(result.connector.get("kvoffload:loads_admitted_total")),
                     declined=bool(result.connector.get("kvoffload:loads_declined_total"))))
+            tracker.step(f"{length} tokens, round {r + 1}")
     return grid
 
 

@@ -16,6 +16,7 @@ from .analysis import RecomputeFit, load_and_recompute, queue_overlap
 from .cells import State
 from .client import RequestResult, settled_snapshot, stream_completion
 from .measure import place_in_tier_only
+from .progress import Tracker
 from .prompts import expected_cached, make_prompt, prefix_length
 from .server import Endpoint
 
@@ -58,9 +59,12 @@ def run_bursts(kv_session, backend, endpoint, lengths, fractions, step: int, rou
     granularity = backend.granularity(settings)
     background = background_length(step, settings.max_model_len, settings.block_size)
     cells: dict = {}
+    tracker = Tracker(kv_session.progress, f"queue bursts on {backend.name}", rounds * len(lengths) * len(fractions),
+                      "cells x rounds")
     for r in range(rounds):
         for length in lengths:
             for fraction in fractions:
+                tracker.step(f"{length} tokens, {fraction:g} cached, round {r + 1}")
                 expected = expected_cached(prefix_length(length, fraction), length, settings.block_size, granularity)
                 if not expected:
                     continue

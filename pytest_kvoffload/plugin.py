@@ -15,6 +15,7 @@ from .fixtures import SESSION_KEY
 from .records import RecordError, read_run
 from .report import render
 from .options import OptionError, OptionValues, add_options, read_options
+from .progress import ProgressLine
 from .session import KVSession
 from .settings import Settings
 
@@ -71,19 +72,8 @@ def pytest_configure(config):
         check_server_commands(settings, registry)
     except (OptionError, BackendConfigError) as exc:
         raise pytest.UsageError(str(exc)) from None
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-
-    def progress(message: str) -> None:
-        # Server start-up takes minutes on a CPU: say so live, past pytest's output capture.
-        if reporter is None:
-            return
-        if capture is not None:
-            with capture.global_and_fixture_disabled():
-                reporter.write_line(f"[kvoffload] {message}")
-        else:
-            reporter.write_line(f"[kvoffload] {message}")
-
+    progress = ProgressLine(config.pluginmanager.get_plugin("terminalreporter"),
+                            config.pluginmanager.get_plugin("capturemanager"), quiet=config.option.verbose < 0)
     options = {name: str(value) if isinstance(value, Path) else value
                for name, value in vars(settings).items() if name != "model"}
     options["model"] = {"name": settings.model.name, "path": str(settings.model.path),

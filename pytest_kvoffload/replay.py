@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .client import RequestError, stream_completion
+from .progress import Tracker
 from .server import Endpoint
 
 
@@ -44,8 +45,9 @@ class ReplayItem:
 
 
 def replay(endpoint: Endpoint, items: list[ReplayItem], mode: str = "open", concurrency: int = 4,
-           timeout_s: float = 600.0) -> list[ReplayRecord]:
-    """Send every item; returns one record per item in trace order. Bounded in count and time."""
+           timeout_s: float = 600.0, tracker: Tracker | None = None) -> list[ReplayRecord]:
+    """Send every item; returns one record per item in trace order. Bounded in count and time; `tracker`
+    steps once per answered request."""
     if mode not in ("open", "closed"):
         raise ValueError(f"replay mode {mode!r}: expected 'open' or 'closed'")
     local = threading.local()
@@ -58,6 +60,12 @@ def replay(endpoint: Endpoint, items: list[ReplayItem], mode: str = "open", conc
         return local.endpoint
 
     def send(item: ReplayItem) -> ReplayRecord:
+        record = send_one(item)
+        if tracker is not None:
+            tracker.step()
+        return record
+
+    def send_one(item: ReplayItem) -> ReplayRecord:
         if mode == "open":
             delay = started + item.arrival_s - time.monotonic()
             if delay > 0:

@@ -4,16 +4,16 @@ admission rule reads, cells.csv, summary.txt (the terminal summary) and the plot
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
 from .calibration import build_calibration, write_calibration
 from .plots import write_all
+from .progress import Say
 from .records import write_cells_csv
 from .report import render
 from .settings import Settings
 
 
-def write_run_files(run: dict, settings: Settings, run_dir: Path, progress: Callable[[str], None]) -> None:
+def write_run_files(run: dict, settings: Settings, run_dir: Path, progress: Say) -> None:
     calibration = build_calibration(run.get("analysis") or {}, settings, run["environment"])
     if calibration["tiers"]:
         write_calibration(run_dir / "calibration.json", calibration)

@@ -21,6 +21,7 @@ from typing import Callable
 import requests
 
 from .metrics import Snapshot, snapshot
+from .progress import Say
 
 
 class ServerStartError(RuntimeError):
@@ -125,9 +126,10 @@ class VllmServer(Endpoint):
         finally:
             log.close()
 
-    def wait_healthy(self, timeout: float, progress: Callable[[str], None] = lambda msg: None,
-                     every: float = 15.0) -> float:
-        """Block until /health answers 200; returns the seconds it took."""
+    def wait_healthy(self, timeout: float, progress: Say = lambda message, update=False: None,
+                     every: float = 5.0, expected_s: float | None = None) -> float:
+        """Block until /health answers 200; returns the seconds it took. `expected_s` (the session's last
+        start-up) lets the progress line say about how long is left."""
         assert self.proc is not None, "start() first"
         started = time.monotonic()
         next_note = started + every
@@ -148,7 +150,10 @@ class VllmServer(Endpoint):
                     "last lines:\n" + log_tail(self.log_path)
                 )
             if now >= next_note:
-                progress(f"waiting for {self.name} server on port {self.port}: {now - started:.0f} s")
+                waited = now - started
+                left = (f", about {expected_s - waited:.0f} s left (the last start-up took {expected_s:.0f} s)"
+                        if expected_s and expected_s > waited else "")
+                progress(f"waiting for the {self.name} server on port {self.port}: {waited:.0f} s{left}", update=True)
                 next_note = now + every
             time.sleep(0.5)
 
@@ -232,7 +237,7 @@ class ServerPool:
         self._failed: dict[str, str] = {}
 
     def get(self, key: str, factory: Callable[[], VllmServer], timeout: float,
-            progress: Callable[[str], None] = lambda msg: None) -> VllmServer:
+            progress: Say = lambda message, update=False: None, expected_s: float | None = None) -> VllmServer:
         if key in self._failed:
             raise ServerStartError(self._failed[key])
         if key in self._servers:
@@ -251,7 +256,8 @@ class ServerPool:
         self._servers[key] = server
         try:
             server.start()
-            server.wait_healthy(timeout, progress)
+            seconds = server.wait_healthy(timeout, progress, expected_s=expected_s)
+            progress(f"{key} server healthy after {seconds:.0f} s")
         except BaseException as exc:
             server.stop()
             del self._servers[key]

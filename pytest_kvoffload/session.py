@@ -6,11 +6,11 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
 
 from . import environment, machine
 from .backends import Backend, BackendRegistry, LaunchContext, interpreter_versions, server_command
 from .distributed import merge_runs, worker_records
+from .progress import Say, print_line
 from .records import RunWriter
 from .results import compute_results
 from .run_files import write_run_files
@@ -30,7 +30,7 @@ def make_run_id(model: str, when: float | None = None) -> str:
 
 class KVSession:
     def __init__(self, settings: Settings, registry: BackendRegistry, options: dict,
-                 progress: Callable[[str], None] = print, hook=None, run_id: str | None = None,
+                 progress: Say = print_line, hook=None, run_id: str | None = None,
                  worker: str | None = None, devices: str | None = None, controller: bool = False) -> None:
         self.settings = settings
         self.registry = registry
@@ -56,6 +56,7 @@ class KVSession:
         # Seconds by phase (server start-ups, warm-ups, each test file), printed at the end of the run.
         self.phases: dict[str, float] = {}
         self._starts = 0
+        self.start_seconds: list[float] = []  # each server start-up's, for the next one's progress line
 
     def add_phase(self, name: str, seconds: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + seconds
@@ -120,12 +121,14 @@ class KVSession:
         started = not self.pool.has(backend.name)
         clock = time.monotonic()
         try:
-            server = self.pool.get(backend.name, factory, self.settings.server_timeout, self.progress)
+            server = self.pool.get(backend.name, factory, self.settings.server_timeout, self.progress,
+                                   expected_s=self.start_seconds[-1] if self.start_seconds else None)
         except Exception as exc:
             self.run_record().set_backend(backend.name, "failed", str(exc).splitlines()[0])
             raise
         if started:
-            self.add_phase("server start-ups", time.monotonic() - clock)
+            self.start_seconds.append(time.monotonic() - clock)
+            self.add_phase("server start-ups", self.start_seconds[-1])
             info = {"argv": server.argv, "log": str(server.log_path)}
             if backend.python:
                 info.update(python=backend.python, versions=interpreter_versions(backend.python))

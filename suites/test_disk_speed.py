@@ -15,6 +15,7 @@ from pytest_kvoffload.backends import kvoffload_store_dir
 from pytest_kvoffload.client import measure
 from pytest_kvoffload.connector.store import HEADER_SIZE
 from pytest_kvoffload.probe import probe_disk
+from pytest_kvoffload.progress import Tracker
 from pytest_kvoffload.prompts import expected_cached, make_prompt
 from pytest_kvoffload.stats import summarize
 
@@ -56,9 +57,12 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     kv_server.reset_prefix_cache(external=True)
     start = settled_totals(kv_server)
     rows, ttft = [], {}
+    tracker = Tracker(kv_session.progress, f"disk speed on {kv_backend.name}",
+                      len(kv_session.lengths) * kv_settings.rounds, "lengths x rounds")
     for length in kv_session.lengths:
         times = {"cold": [], "device": [], "disk": []}
         for r in range(kv_settings.rounds):
+            tracker.step(f"{length} tokens, round {r + 1}")
             tokens = make_prompt(length, 1.0, salt=f"{kv_session.salt}|disk-speed|{r}",
                                  vocab_size=kv_settings.model.vocab_size).tokens
             cold = measure(kv_server, tokens)

@@ -12,6 +12,7 @@ import pytest
 from tabulate import tabulate
 
 from pytest_kvoffload.analysis import analyse
+from pytest_kvoffload.progress import Tracker
 from pytest_kvoffload.replay import replay
 from pytest_kvoffload.stats import cell_table
 
@@ -76,7 +77,8 @@ def test_replay_trace(kv_session, kv_backend, kv_server):
     kv_server.reset_prefix_cache(external=True)
     before = kv_server.metrics()
     started = time.monotonic()
-    records = replay(kv_server, items, plan.mode, plan.concurrency)
+    records = replay(kv_server, items, plan.mode, plan.concurrency,
+                     tracker=Tracker(kv_session.progress, f"replay on {kv_backend.name}", len(items), "requests"))
     wall = time.monotonic() - started
     errors = [f"line {r.line}: {r.error}" for r in records if r.error]
     assert not errors, "; ".join(errors[:5])
