@@ -14,11 +14,10 @@ import numpy as np
 
 from .analysis import RecomputeFit, load_and_recompute, queue_overlap
 from .cells import State
-from .client import RequestResult, settled_snapshot, stream_completion
+from .client import Endpoint, RequestResult, settled_snapshot, stream_completion
 from .measure import place_in_tier_only
 from .progress import Tracker
 from .prompts import expected_cached, make_prompt, prefix_length
-from .server import Endpoint
 
 
 def background_length(step_tokens: int, max_model_len: int, block_size: int) -> int:

@@ -7,7 +7,8 @@ import pytest
 from .backends import Backend
 from .cells import Cell
 from .measure import CellOutcome, CellRunner
-from .server import Endpoint, ServerStartError
+from .client import Endpoint
+from .server import ServerStartError
 from .session import KVSession
 from .settings import Settings
 

@@ -6,10 +6,9 @@ from dataclasses import dataclass, field
 
 from .backends import Backend
 from .cells import Cell, Expectation, State, expectation
-from .client import RequestResult, attach_sources, measure, stream_completion
+from .client import Endpoint, RequestResult, attach_sources, measure, stream_completion
 from .metrics import Snapshot
 from .prompts import Prompt, make_prompt
-from .server import Endpoint
 from .session import KVSession
 
 

@@ -9,9 +9,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from .client import RequestError, stream_completion
+from .client import Endpoint, RequestError, stream_completion
 from .progress import Tracker
-from .server import Endpoint
 
 
 @dataclass

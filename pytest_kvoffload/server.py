@@ -1,4 +1,4 @@
-"""Start, watch and stop vLLM servers; talk to their control endpoints.
+"""Start, watch and stop vLLM servers (their HTTP surface, Endpoint, is in client.py).
 
 Each server runs in its own process group so that teardown reaches the engine-core and worker
 processes vLLM forks, not just the API process. Teardown runs on normal exit, on test failure,
@@ -18,9 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable
 
-import requests
-
-from .metrics import Snapshot, snapshot
+from .client import Endpoint
 from .progress import Say
 
 
@@ -49,55 +47,6 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-
-
-class Endpoint:
-    """A vLLM server reached over HTTP, started by us or not."""
-
-    def __init__(self, url: str, model_name: str) -> None:
-        self.url = url.rstrip("/")
-        self.model_name = model_name
-        self.http = requests.Session()
-
-    def healthy(self) -> bool:
-        try:
-            return self.http.get(f"{self.url}/health", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-
-    def metrics_text(self) -> str:
-        response = self.http.get(f"{self.url}/metrics", timeout=10)
-        response.raise_for_status()
-        return response.text
-
-    def metrics(self) -> Snapshot:
-        return snapshot(self.metrics_text())
-
-    def reset_prefix_cache(self, external: bool, attempts: int = 120) -> None:
-        """Evict the engine's prefix cache (and the connector's store when `external`).
-
-        vLLM answers {"success": false} while blocks are still held (a finishing request, an
-        in-flight save), so retry briefly.
-        """
-        last = ""
-        for _ in range(attempts):
-            response = self.http.post(
-                f"{self.url}/reset_prefix_cache", params={"reset_external": str(external).lower()}, timeout=30
-            )
-            if response.status_code == 200:
-                try:
-                    ok = response.json().get("success", True)
-                except ValueError:
-                    ok = True
-                if ok:
-                    return
-            last = f"HTTP {response.status_code}: {response.text[:200]}"
-            if response.status_code == 404:
-                break
-            time.sleep(0.25)
-        raise RuntimeError(
-            f"{self.url}/reset_prefix_cache failed ({last}); the server must run with VLLM_SERVER_DEV_MODE=1"
-        )
 
 
 class VllmServer(Endpoint):

@@ -9,12 +9,13 @@ from pathlib import Path
 
 from . import environment, machine
 from .backends import Backend, BackendRegistry, LaunchContext, interpreter_versions, server_command
+from .client import Endpoint
 from .distributed import merge_runs, worker_records
 from .progress import Say, print_line
 from .records import RunWriter
 from .results import compute_results
 from .run_files import write_run_files
-from .server import Endpoint, ServerPool, VllmServer, free_port
+from .server import ServerPool, VllmServer, free_port
 from .settings import Settings
 from .speed import PrefillSpeed, lengths_within, measure_prefill
 from .stats import cell_table

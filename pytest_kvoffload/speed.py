@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .client import stream_completion
+from .client import Endpoint, stream_completion
 from .prompts import make_prompt
-from .server import Endpoint
 
 FIRST_LENGTH = 256
 WARMUP_REQUESTS = 2  # untimed: allocations, caches and the first forward's one-time costs

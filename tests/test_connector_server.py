@@ -197,7 +197,7 @@ def test_a_prefix_ending_inside_a_block_and_inside_a_chunk(kv_server, prompts):
 def test_two_concurrent_requests_sharing_a_prefix_while_it_loads(kv_server, kv_settings, prompts):
     from concurrent.futures import ThreadPoolExecutor
 
-    from pytest_kvoffload.server import Endpoint
+    from pytest_kvoffload.client import Endpoint
 
     first, second = prompts(2048, 0.75, "one"), prompts(2048, 0.75, "two")
     kv_server.reset_prefix_cache(external=True)

@@ -159,3 +159,19 @@ def pytest_kvoffload_run_finished(run, run_dir):
     import json
     assert json.loads((run_dir / "seen.json").read_text()) == {"status": "complete", "lab": "rack-7", "summary": True}
     assert json.loads((run_dir / "run.json").read_text())["environment"]["lab"] == "rack-7"
+
+
+def test_model_given_by_absolute_path_makes_one_folder_directly_under_results(pytester, tmp_path):
+    """The run id takes the model folder's name, reduced to safe characters: no nested folders."""
+    import json
+    import shutil
+
+    from pytest_kvoffload.models import load_model
+    model_dir = tmp_path / "some dir" / "hm"
+    shutil.copytree(load_model("tiny-llama").path, model_dir)
+    pytester.makepyfile(USES_BACKEND)
+    result = pytester.runpytest_subprocess(f"--kv-model={model_dir}", "--kv-weights=dummy", "--kv-backend=lmcache-disk")
+    result.assert_outcomes(skipped=1)
+    (run_dir,) = (pytester.path / "results").iterdir()
+    assert "-hm-" in run_dir.name and (run_dir / "run.json").is_file()
+    assert json.loads((run_dir / "run.json").read_text())["run_id"] == run_dir.name
