@@ -155,7 +155,7 @@ def test_break_even_prefix_and_the_admission_rule_agree_on_random_calibrations()
     import numpy as np
 
     from pytest_kvoffload.connector.admission import Admission
-    from pytest_kvoffload.connector.stats import Counters
+    from pytest_kvoffload.connector.counters import Counters
 
     rng = np.random.default_rng(7)
     checked = 0

@@ -6,7 +6,7 @@ import pytest
 from pytest_kvoffload.calibration import (CalibrationError, build_calibration, check_fingerprint, read_calibration,
                                           tier_entry, write_calibration)
 from pytest_kvoffload.connector.admission import Admission
-from pytest_kvoffload.connector.stats import Counters
+from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.models import load_model
 from pytest_kvoffload.settings import Settings
 

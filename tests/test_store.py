@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pytest_kvoffload.connector.config import ConnectorConfig, ConnectorConfigError
-from pytest_kvoffload.connector.stats import Counters
+from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.connector.store import ALIGN, HEADER_SIZE, ChunkStore, Layout, checksum
 
 LAYOUT = Layout(layers=4, blocks=2, block_bytes=8192)

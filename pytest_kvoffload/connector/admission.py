@@ -34,7 +34,7 @@ import numpy as np
 
 from ..analysis import RecomputeFit, load_and_recompute
 from ..calibration import CalibrationError
-from .stats import Counters
+from .counters import Counters
 
 log = logging.getLogger("pytest_kvoffload.connector")
 

@@ -15,7 +15,7 @@ from .hashing import key_root
 from .metadata import KVOffloadMetadata
 from .scheduler import SchedulerSide
 from .prom import KVOffloadPromMetrics, KVOffloadStats
-from .stats import Counters
+from .counters import Counters
 from .store import SUFFIX
 
 log = logging.getLogger("pytest_kvoffload.connector")

@@ -9,7 +9,7 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
-from .stats import COUNTERS, FLAGS, PREFIX
+from .counters import COUNTERS, FLAGS, PREFIX
 
 
 class KVOffloadStats(KVConnectorStats):

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from .stats import Counters
+from .counters import Counters
 
 log = logging.getLogger("pytest_kvoffload.connector")
 

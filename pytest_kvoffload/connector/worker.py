@@ -21,7 +21,7 @@ import torch
 
 from .config import ConnectorConfig
 from .metadata import KVOffloadMetadata, KVOffloadWorkerMeta, LoadJob, SaveJob
-from .stats import Counters
+from .counters import Counters
 from .store import ALIGN, HEADER_SIZE, ChunkStore, Layout, padded
 
 log = logging.getLogger("pytest_kvoffload.connector")
