@@ -86,3 +86,59 @@ def snapshot(text: str, extra_prefixes: tuple[str, ...] = ("kvoffload:", VLLM_OF
             key = _extra_key(s)
             extra[key] = extra.get(key, 0.0) + s.value
     return Snapshot(prompt, by_source, extra)
+
+
+def histograms(text: str, prefix: str = "kvoffload:") -> dict[str, dict]:
+    """The histograms under `prefix`, summed over engines: {name: {"buckets": [[upper bound, cumulative
+    count], ...], "count": n, "sum": s}}, bounds ascending with +Inf last as float("inf")."""
+    out: dict[str, dict] = {}
+    for family in text_string_to_metric_families(text):
+        if family.type != "histogram" or not family.name.startswith(prefix):
+            continue
+        buckets: dict[float, float] = {}
+        entry = out.setdefault(family.name, {"buckets": [], "count": 0.0, "sum": 0.0})
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                bound = float(sample.labels["le"])
+                buckets[bound] = buckets.get(bound, 0.0) + sample.value
+            elif sample.name.endswith("_count"):
+                entry["count"] += sample.value
+            elif sample.name.endswith("_sum"):
+                entry["sum"] += sample.value
+        entry["buckets"] = [[bound, count] for bound, count in sorted(buckets.items())]
+    return {name: h for name, h in out.items() if h["count"]}
+
+
+def merge_histograms(a: dict[str, dict], b: dict[str, dict]) -> dict[str, dict]:
+    """Two servers' histograms of the same buckets, added (a backend's server restarted mid-run)."""
+    merged = {name: {"buckets": [list(x) for x in h["buckets"]], "count": h["count"], "sum": h["sum"]}
+              for name, h in a.items()}
+    for name, h in b.items():
+        if name not in merged:
+            merged[name] = {"buckets": [list(x) for x in h["buckets"]], "count": h["count"], "sum": h["sum"]}
+            continue
+        counts = {bound: count for bound, count in merged[name]["buckets"]}
+        for bound, count in h["buckets"]:
+            counts[bound] = counts.get(bound, 0.0) + count
+        merged[name] = {"buckets": [[bound, counts[bound]] for bound in sorted(counts)],
+                        "count": merged[name]["count"] + h["count"], "sum": merged[name]["sum"] + h["sum"]}
+    return merged
+
+
+def quantile(histogram: dict, q: float) -> float | None:
+    """Prometheus's histogram_quantile: linear within the bucket holding the q-th observation; the
+    largest finite bound when it falls in +Inf. None for an empty histogram."""
+    total = histogram["count"]
+    if not total:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    finite = [b for b, _ in histogram["buckets"] if b != float("inf")]
+    for bound, cumulative in histogram["buckets"]:
+        if cumulative >= rank:
+            if bound == float("inf"):
+                return finite[-1] if finite else None
+            inside = cumulative - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, cumulative
+    return finite[-1] if finite else None

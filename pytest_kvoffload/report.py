@@ -7,6 +7,7 @@ from collections import defaultdict
 from tabulate import tabulate
 
 from .cells import State
+from .metrics import quantile
 from .stats import excluded
 
 
@@ -73,6 +74,7 @@ def render(run: dict) -> str:
             lines.append(decisions)
         lines.append("")
     lines.extend(break_even_lines(run.get("analysis") or {}))
+    lines.extend(transfer_lines(run.get("backends") or {}))
     dropped = excluded(run.get("measurements") or [])
     if dropped:
         lines.append(f"excluded from every cell, fit and calibration: {len(dropped)} unverified requests")
@@ -86,6 +88,35 @@ def render(run: dict) -> str:
     status = run.get("status")
     lines.append(f"run {run.get('run_id')}: {status}")
     return "\n".join(lines)
+
+
+# The connector's histograms (connector/counters.py) as the report shows them: (name, label, scale, unit).
+TRANSFERS = (("kvoffload:load_duration_seconds", "load time", 1e3, "ms"),
+             ("kvoffload:load_size_bytes", "load size", 1e-6, "MB"),
+             ("kvoffload:save_duration_seconds", "save time (per step)", 1e3, "ms"),
+             ("kvoffload:save_size_bytes", "save size (per step)", 1e-6, "MB"))
+
+
+def transfer_lines(backends: dict) -> list[str]:
+    """Per backend with connector histograms: count, p50/p90/p99 (interpolated within buckets, as
+    Prometheus's histogram_quantile does) and the mean of each load and save figure."""
+    lines = []
+    for name, entry in backends.items():
+        found = entry.get("histograms") or {}
+        rows = []
+        for metric, label, scale, unit in TRANSFERS:
+            h = found.get(metric)
+            if not h or not h["count"]:
+                continue
+            rows.append([f"{label}, {unit}", f"{h['count']:,.0f}"]
+                        + [f"{quantile(h, q) * scale:,.2f}" for q in (0.5, 0.9, 0.99)]
+                        + [f"{h['sum'] / h['count'] * scale:,.2f}"])
+        if rows:
+            lines.append(f"{name}: loads and saves over the run (connector histograms on /metrics)")
+            lines.append(tabulate(rows, headers=["figure", "count", "p50", "p90", "p99", "mean"],
+                                  disable_numparse=True))
+            lines.append("")
+    return lines
 
 
 def _gbps(value) -> str:

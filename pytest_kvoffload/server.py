@@ -179,9 +179,12 @@ def group_has_live_members(pgid: int) -> bool:
 class ServerPool:
     """One server per backend for the whole session, started on first use."""
 
-    def __init__(self, max_running: int = 1) -> None:
+    def __init__(self, max_running: int = 1,
+                 before_stop: Callable[[str, VllmServer], None] = lambda key, server: None) -> None:
         # One GPU cannot hold two servers' KV caches; on a CPU two small servers fit side by side.
         self.max_running = max_running
+        # Called with each healthy server about to be stopped: the last chance to read its /metrics.
+        self.before_stop = before_stop
         self._servers: dict[str, VllmServer] = {}
         self._failed: dict[str, str] = {}
 
@@ -218,11 +221,17 @@ class ServerPool:
     def release(self, key: str) -> None:
         server = self._servers.pop(key, None)
         if server:
-            server.stop()
+            self._stop(key, server)
 
     def stop_all(self) -> None:
         while self._servers:
-            _, server = self._servers.popitem()
+            self._stop(*self._servers.popitem())
+
+    def _stop(self, key: str, server: VllmServer) -> None:
+        try:
+            if server.proc is not None and server.proc.poll() is None:
+                self.before_stop(key, server)
+        finally:
             server.stop()
 
     def has(self, key: str) -> bool:

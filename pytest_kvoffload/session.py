@@ -7,10 +7,13 @@ import shutil
 import time
 from pathlib import Path
 
+import requests
+
 from . import environment, machine
 from .backends import Backend, BackendRegistry, LaunchContext, interpreter_versions, server_command
 from .client import Endpoint
 from .distributed import merge_runs, worker_records
+from .metrics import histograms, merge_histograms
 from .progress import Say, print_line
 from .records import RunWriter
 from .results import compute_results
@@ -47,7 +50,8 @@ class KVSession:
         # Part of every prompt's key, so a rerun against a long-lived server cannot hit last run's cache.
         self.salt = self.run_id
         # An A/B run keeps its two servers up together (on a GPU each with half the memory, backends.py).
-        self.pool = ServerPool(max_running=2 if settings.ab or not machine.has_cuda() else 1)
+        self.pool = ServerPool(max_running=2 if settings.ab or not machine.has_cuda() else 1,
+                               before_stop=self.keep_histograms)
         self._writer: RunWriter | None = None
         # Each backend's prefill speed, measured at its server's start (speed.py), and the grid's lengths
         # that fit the prefill budget, decided once from the first server measured so every backend
@@ -164,6 +168,18 @@ class KVSession:
     def lengths(self) -> tuple[int, ...]:
         """The grid's lengths: --kv-lengths, or the defaults that fit the prefill budget once measured."""
         return self._lengths if self._lengths is not None else self.settings.lengths
+
+    def keep_histograms(self, name: str, server: VllmServer) -> None:
+        """A server's load and save histograms (connector/counters.py), read just before it stops, added to
+        what the backend's earlier servers in this run recorded."""
+        try:
+            found = histograms(server.metrics_text())
+        except (OSError, ValueError, requests.RequestException):
+            return  # a server that cannot answer any more has nothing to add
+        if found and self._writer is not None and name in self._writer.data["backends"]:
+            entry = self._writer.data["backends"][name]
+            entry["histograms"] = merge_histograms(entry.get("histograms") or {}, found)
+            self._writer.flush()
 
     def hook_measurement(self, record: dict) -> None:
         if self.hook is not None:

@@ -9,7 +9,9 @@ import time
 from pytest_kvoffload.backends import kvoffload_store_dir
 from pytest_kvoffload.client import measure, stream_completion
 from pytest_kvoffload.measure import first_difference, recompute
+from pytest_kvoffload.connector.counters import HISTOGRAMS
 from pytest_kvoffload.connector.store import HEADER_SIZE, read_header
+from pytest_kvoffload.metrics import histograms
 from pytest_kvoffload.prompts import expected_cached, make_prompt
 
 pytestmark = [pytest.mark.server,
@@ -97,6 +99,16 @@ def test_reads_and_writes_move_only_useful_bytes_plus_one_header(kv_server, kv_s
         == written_before + 8 * chunk_bytes
     # Read amplification: exactly one 4 KiB header per chunk, nothing copied twice.
     assert counter(hit, "bytes_read") == counter(hit, "useful_bytes_read") + counter(hit, "chunks_read") * HEADER_SIZE
+    # Each load and each step's saves are also observed in histograms beside the totals.
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        found = histograms(kv_server.metrics_text())
+        if all(found.get(f"kvoffload:{name}", {}).get("count") for name in HISTOGRAMS):
+            break
+        time.sleep(0.2)
+    for name in HISTOGRAMS:
+        assert found.get(f"kvoffload:{name}", {}).get("count", 0) >= 1, f"no {name} observed"
+    assert found["kvoffload:load_size_bytes"]["sum"] >= 8 * chunk_bytes  # bytes, not chunks: this hit alone read 8
 
 
 def chunk_file(store, index, newer_than):

@@ -244,3 +244,21 @@ def test_config_from_extra():
 def test_config_errors_name_the_option(extra, match):
     with pytest.raises(ConnectorConfigError, match=match):
         ConnectorConfig.from_extra(extra, 128)
+
+
+def test_counters_carry_histogram_observations_once():
+    counters = Counters()
+    counters.observe("load_duration_seconds", 0.02)
+    counters.observe("load_duration_seconds", 0.03)
+    counters.add("chunks_read", 2)
+    assert counters.drain() == {"load_duration_seconds": [0.02, 0.03], "chunks_read": 2.0}
+    assert counters.drain() == {}
+
+
+def test_connector_stats_join_histogram_observations_across_workers():
+    pytest.importorskip("vllm")
+    from pytest_kvoffload.connector.prom import KVOffloadStats
+    stats = KVOffloadStats(data={"load_size_bytes": [1e6], "chunks_read": 1.0})
+    stats.aggregate(KVOffloadStats(data={"load_size_bytes": [2e6], "chunks_read": 2.0}))
+    assert stats.data == {"load_size_bytes": [1e6, 2e6], "chunks_read": 3.0}
+    assert stats.reduce() == {"chunks_read": 3.0, "load_size_bytes_count": 2}

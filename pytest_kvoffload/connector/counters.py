@@ -43,14 +43,28 @@ FLAGS = {"direct_io": "1 when the store uses O_DIRECT, 0 when buffered with cach
          "online_read_gbps": "the admission rule's running estimate of delivered read bandwidth, GB/s"}
 PREFIX = "kvoffload:"
 
+# Seconds and bytes of single operations, exported as Prometheus histograms beside the totals (vLLM's
+# offloading exports the same kind), so a user sees a distribution, not only a mean.
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BYTES_BUCKETS = tuple(float(2 ** k) for k in range(16, 31))  # 64 KiB to 1 GiB, doubling
+# name -> (help text, bucket upper bounds)
+HISTOGRAMS = {
+    "load_duration_seconds": ("wall seconds of one request's load, from its first read to its last chunk",
+                              SECONDS_BUCKETS),
+    "load_size_bytes": ("bytes one request's load read", BYTES_BUCKETS),
+    "save_duration_seconds": ("wall seconds of one step's saves, from submission to the last write", SECONDS_BUCKETS),
+    "save_size_bytes": ("bytes one step's saves wrote", BYTES_BUCKETS),
+}
+
 
 class Counters:
-    """Thread-safe running totals, drained into connector stats once per engine step."""
+    """Thread-safe running totals and histogram observations, drained into connector stats once per step."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._delta: dict[str, float] = {}
         self._flags: dict[str, float] = {}
+        self._samples: dict[str, list[float]] = {}
 
     def add(self, name: str, value: float = 1.0) -> None:
         with self._lock:
@@ -60,8 +74,16 @@ class Counters:
         with self._lock:
             self._flags[name] = value
 
-    def drain(self) -> dict[str, float]:
+    def observe(self, name: str, value: float) -> None:
+        """One observation of a histogram (HISTOGRAMS)."""
         with self._lock:
-            data, self._delta = self._delta, {}
+            self._samples.setdefault(name, []).append(float(value))
+
+    def drain(self) -> dict[str, float | list[float]]:
+        """Totals since the last drain, the flags, and each histogram's observations as a list."""
+        with self._lock:
+            data: dict = dict(self._delta)
             data.update(self._flags)
+            data.update(self._samples)
+            self._delta, self._samples = {}, {}
         return data

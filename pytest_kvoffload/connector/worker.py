@@ -132,7 +132,12 @@ class WorkerSide:
                 pending.append((started, batch))
                 continue
             ends = [f.result()[1] for f in batch if f.exception() is None]
-            self.counters.add("save_wall_seconds", max(ends, default=started) - started)
+            seconds = max(ends, default=started) - started
+            self.counters.add("save_wall_seconds", seconds)
+            written = sum(1 for f in batch if f.exception() is None and f.result()[0])
+            if written:
+                self.counters.observe("save_duration_seconds", seconds)
+                self.counters.observe("save_size_bytes", written * self.layout.file_bytes)
         self._save_batches = pending
 
     def _collect(self, job, futures, started: float) -> None:
@@ -154,6 +159,8 @@ class WorkerSide:
         self.counters.add("load_wall_seconds", ended - started)
         if moved:
             self._load_samples.append((float(moved), ended - started))
+            self.counters.observe("load_duration_seconds", ended - started)
+            self.counters.observe("load_size_bytes", moved)
 
     def worker_meta(self) -> KVOffloadWorkerMeta | None:
         """Finished loads since the last step, for the scheduler's online bandwidth estimate."""
