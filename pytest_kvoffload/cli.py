@@ -37,11 +37,24 @@ def _probe(args) -> int:
     except (NotADirectoryError, OSError) as exc:
         print(f"kvoffload probe disk: {exc}", file=sys.stderr)
         return 2
+    fio = None
+    if args.fio:
+        from .fio import FioError, run_fio
+        try:
+            fio = run_fio(args.path, result.request_bytes, result.total_bytes, args.repeats, result.threads)
+        except FioError as exc:
+            print(f"kvoffload probe disk --fio: {exc}", file=sys.stderr)
+            return 2
     if args.json:
-        print(json.dumps(result.to_dict()))
-    else:
-        print(f"{result.path}: {result.describe()}; {result.total_bytes >> 20} MiB fresh file per pass, "
-              f"median (min to max) of {args.repeats} passes")
+        print(json.dumps({**result.to_dict(), **({"fio": fio.to_dict()} if fio else {})}))
+        return 0
+    print(f"{result.path}: {result.describe()}; {result.total_bytes >> 20} MiB fresh file per pass, "
+          f"median (min to max) of {args.repeats} passes")
+    if fio:
+        print(f"fio, same pattern: read {fio.read_gbps:.2f} GB/s ({fio.read_range[0]:.2f} to {fio.read_range[1]:.2f}), "
+              f"write {fio.write_gbps:.2f} GB/s ({fio.write_range[0]:.2f} to {fio.write_range[1]:.2f}); "
+              f"probe / fio: read {result.read_gbps / fio.read_gbps:.2f}, write {result.write_gbps / fio.write_gbps:.2f}")
+        print(f"fio's read pass: {fio.command}")
     return 0
 
 
@@ -149,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     disk.add_argument("--repeats", type=_positive_int, default=3, help="passes, each over a fresh file (default 3)")
     disk.add_argument("--threads", type=_positive_int, default=2,
                       help="I/O threads, as the connector's io_threads (default 2)")
+    disk.add_argument("--fio", action="store_true",
+                      help="also run fio with the same pattern and print the two side by side (needs fio)")
     disk.add_argument("--json", action="store_true")
     disk.set_defaults(handler=_probe)
 
