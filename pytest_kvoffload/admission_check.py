@@ -109,8 +109,9 @@ def run_grid(session, backend: Backend, endpoint, lengths, fractions, rounds: in
     settings = session.settings
     granularity = backend.granularity(settings)
     grid = Grid(backend.name)
+    # A round's cost grows with its length: the time left is estimated from tokens done.
     tracker = Tracker(session.progress, f"{purpose} grid on {backend.name}", len(lengths) * rounds,
-                      "lengths x rounds")
+                      "lengths x rounds", total_work=sum(lengths) * rounds)
     for length in lengths:
         for r in range(first_round, first_round + rounds):
             check = r == 0  # outputs compared with a recompute once per cell
@@ -130,7 +131,7 @@ def run_grid(session, backend: Backend, endpoint, lengths, fractions, rounds: in
                     tier_tokens=result.cached_by_source.get(backend.tier or "", 0),
                     admitted=bool(result.connector.get("kvoffload:loads_admitted_total")),
                     declined=bool(result.connector.get("kvoffload:loads_declined_total"))))
-            tracker.step(f"{length} tokens, round {r + 1}")
+            tracker.step(f"{length} tokens, round {r + 1}", work=length)
     return grid
 
 

@@ -58,42 +58,42 @@ def run_bursts(kv_session, backend, endpoint, lengths, fractions, step: int, rou
     granularity = backend.granularity(settings)
     background = background_length(step, settings.max_model_len, settings.block_size)
     cells: dict = {}
-    tracker = Tracker(kv_session.progress, f"queue bursts on {backend.name}", rounds * len(lengths) * len(fractions),
-                      "cells x rounds")
+    # Cells whose shared prefix is shorter than one stored chunk load nothing: left out.
+    measured = [(length, fraction, expected) for length in lengths for fraction in fractions
+                if (expected := expected_cached(prefix_length(length, fraction), length, settings.block_size,
+                                                granularity))]
+    tracker = Tracker(kv_session.progress, f"queue bursts on {backend.name}", rounds * len(measured),
+                      "cells x rounds", total_work=rounds * sum(length for length, _, _ in measured))
     for r in range(rounds):
-        for length in lengths:
-            for fraction in fractions:
-                tracker.step(f"{length} tokens, {fraction:g} cached, round {r + 1}")
-                expected = expected_cached(prefix_length(length, fraction), length, settings.block_size, granularity)
-                if not expected:
-                    continue
-                salt = f"{kv_session.salt}|burst|{length}|{fraction}|{r}"
+        for length, fraction, expected in measured:
+            salt = f"{kv_session.salt}|burst|{length}|{fraction}|{r}"
 
-                def prompt(n, f, variant, tag):
-                    return make_prompt(n, f, seed=settings.random_seed, salt=f"{salt}|{tag}", variant=variant,
-                                       vocab_size=settings.model.vocab_size).tokens
+            def prompt(n, f, variant, tag):
+                return make_prompt(n, f, seed=settings.random_seed, salt=f"{salt}|{tag}", variant=variant,
+                                   vocab_size=settings.model.vocab_size).tokens
 
-                for primed in place_in_tier_only(endpoint, backend, prompt(length, fraction, "prime", "probe")):
-                    kv_session.record(burst_record(backend, length, fraction, r, "prime", primed))
-                hit = queued_behind(endpoint, prompt(background, 0.0, "", "bg-hit"),
-                                    prompt(length, fraction, "measure", "probe"))
-                cold = queued_behind(endpoint, prompt(background, 0.0, "", "bg-cold"),
-                                     prompt(length, 0.0, "measure", State.COLD.value))
-                cell = cells.setdefault((length, fraction), {"rounds": [], "expected_disk_tokens": expected,
-                                                             "background_tokens": background})
-                c = hit.connector
-                cell["rounds"].append({
-                    "hit_s": hit.probe.client_ttft_s, "cold_s": cold.probe.client_ttft_s,
-                    "disk_tokens": hit.cached_by_source.get("disk", 0),
-                    "admitted": bool(c.get("kvoffload:loads_admitted_total")),
-                    "queued": bool(c.get("kvoffload:loads_admitted_queued_total")),
-                    "declined": bool(c.get("kvoffload:loads_declined_total")),
-                })
-                for state, outcome in ((State.TIER_HIT.value, hit), (State.COLD.value, cold)):
-                    record = burst_record(backend, length, fraction, r, "burst", outcome.probe)
-                    record.update(state=state, cached_by_source=outcome.cached_by_source,
-                                  connector=outcome.connector, background_ttft_s=outcome.background.client_ttft_s)
-                    kv_session.record(record)
+            for primed in place_in_tier_only(endpoint, backend, prompt(length, fraction, "prime", "probe")):
+                kv_session.record(burst_record(backend, length, fraction, r, "prime", primed))
+            hit = queued_behind(endpoint, prompt(background, 0.0, "", "bg-hit"),
+                                prompt(length, fraction, "measure", "probe"))
+            cold = queued_behind(endpoint, prompt(background, 0.0, "", "bg-cold"),
+                                 prompt(length, 0.0, "measure", State.COLD.value))
+            cell = cells.setdefault((length, fraction), {"rounds": [], "expected_disk_tokens": expected,
+                                                         "background_tokens": background})
+            c = hit.connector
+            cell["rounds"].append({
+                "hit_s": hit.probe.client_ttft_s, "cold_s": cold.probe.client_ttft_s,
+                "disk_tokens": hit.cached_by_source.get("disk", 0),
+                "admitted": bool(c.get("kvoffload:loads_admitted_total")),
+                "queued": bool(c.get("kvoffload:loads_admitted_queued_total")),
+                "declined": bool(c.get("kvoffload:loads_declined_total")),
+            })
+            for state, outcome in ((State.TIER_HIT.value, hit), (State.COLD.value, cold)):
+                record = burst_record(backend, length, fraction, r, "burst", outcome.probe)
+                record.update(state=state, cached_by_source=outcome.cached_by_source,
+                              connector=outcome.connector, background_ttft_s=outcome.background.client_ttft_s)
+                kv_session.record(record)
+            tracker.step(f"{length} tokens, {fraction:g} cached, round {r + 1}", work=length)
     return cells
 
 

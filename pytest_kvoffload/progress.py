@@ -16,9 +16,9 @@ class Say(Protocol):
     def __call__(self, message: str, update: bool = False) -> None: ...
 
 
-def eta(elapsed_s: float, done: int, total: int) -> str:
+def eta(elapsed_s: float, done: float, total: float) -> str:
     """ "12 s, about 30 s left" from the pace so far (nothing left to say before the first step)."""
-    if done <= 0 or done >= total:
+    if done <= 0 or done >= total - 1e-9:
         return f"{elapsed_s:.0f} s"
     return f"{elapsed_s:.0f} s, about {elapsed_s / done * (total - done):.0f} s left"
 
@@ -27,7 +27,8 @@ class Tracker:
     """One phase of `total` steps; call step() after each (from any thread). A phase of one step says
     nothing: whatever runs it says what it is doing."""
 
-    def __init__(self, say: Say, what: str, total: int, unit: str = "", clock: Callable[[], float] = time.monotonic):
+    def __init__(self, say: Say, what: str, total: int, unit: str = "", clock: Callable[[], float] = time.monotonic,
+                 total_work: float | None = None):
         self.say = say
         self.what = what
         self.total = max(1, total)
@@ -35,17 +36,24 @@ class Tracker:
         self.clock = clock
         self.started = clock()
         self.done = 0
+        # Steps of unequal cost (a 4,096-token cell takes far longer than a 512 one): the time left is
+        # estimated from the work done, when the caller says how much each step is.
+        self.total_work = total_work
+        self.work_done = 0.0
         self.lock = threading.Lock()
 
-    def step(self, note: str = "") -> None:
+    def step(self, note: str = "", work: float = 1.0) -> None:
+        """Call after a step is done; `work`, its share of `total_work`."""
         with self.lock:
             self.done += 1
+            self.work_done += work
             if self.total == 1:
                 return
             elapsed = self.clock() - self.started
             note = f" ({note})" if note else ""
-            self.say(f"{self.what}: {self.done}/{self.total}{self.unit}{note}, "
-                     f"{eta(elapsed, self.done, self.total)}", update=self.done < self.total)
+            pace = eta(elapsed, self.work_done, self.total_work) if self.total_work else \
+                eta(elapsed, self.done, self.total)
+            self.say(f"{self.what}: {self.done}/{self.total}{self.unit}{note}, {pace}", update=self.done < self.total)
 
 
 def print_line(message: str, update: bool = False) -> None:

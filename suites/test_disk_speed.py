@@ -58,11 +58,11 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     start = settled_totals(kv_server)
     rows, ttft = [], {}
     tracker = Tracker(kv_session.progress, f"disk speed on {kv_backend.name}",
-                      len(kv_session.lengths) * kv_settings.rounds, "lengths x rounds")
+                      len(kv_session.lengths) * kv_settings.rounds, "lengths x rounds",
+                      total_work=sum(kv_session.lengths) * kv_settings.rounds)
     for length in kv_session.lengths:
         times = {"cold": [], "device": [], "disk": []}
         for r in range(kv_settings.rounds):
-            tracker.step(f"{length} tokens, round {r + 1}")
             tokens = make_prompt(length, 1.0, salt=f"{kv_session.salt}|disk-speed|{r}",
                                  vocab_size=kv_settings.model.vocab_size).tokens
             cold = measure(kv_server, tokens)
@@ -76,6 +76,7 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
             assert disk.cached_by_source == {"disk": want}, disk.cached_by_source
             for name, result in (("cold", cold), ("device", device), ("disk", disk)):
                 times[name].append(result.client_ttft_s)
+            tracker.step(f"{length} tokens, round {r + 1}", work=length)
         p50 = {name: summarize(v)["p50"] for name, v in times.items()}
         ttft[length] = p50
         rows.append([length, f"{p50['cold'] * 1e3:,.0f}", f"{p50['device'] * 1e3:,.0f}", f"{p50['disk'] * 1e3:,.0f}",

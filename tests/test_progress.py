@@ -80,3 +80,11 @@ def test_quiet_says_nothing():
     reporter = Reporter(tty=False)
     ProgressLine(reporter, quiet=True)("anything")
     assert reporter.out == []
+
+
+def test_time_left_follows_the_work_when_steps_differ_in_cost():
+    said, clock = [], Clock()
+    tracker = Tracker(lambda m, update=False: said.append(m), "grid", 2, "lengths", clock, total_work=512 + 4096)
+    clock.now = 1.0
+    tracker.step("512 tokens", work=512)  # 1 s for 512 of 4,608 tokens: 8 s left, not 1 s
+    assert said == ["grid: 1/2 lengths (512 tokens), 1 s, about 8 s left"]
