@@ -21,12 +21,11 @@ from tabulate import tabulate
 
 from .cells import Cell, State
 from .measure import CellRunner
-from .paired import FLOOR, median_bound
+from .paired import FLOOR, interval
 from .progress import Tracker
 from .server import IDLE_S
 
-# Two-sided 95%: each side of the interval at 97.5%. Fewer rounds than this cannot give an interval.
-SIDE_CONFIDENCE = 0.975
+# Fewer rounds than this cannot give a two-sided 95% interval (paired.interval).
 MIN_ROUNDS = 7
 SELF_SUFFIX = "~b"
 
@@ -48,8 +47,7 @@ class CellComparison:
         return [b / a for a, b in zip(self.a_s, self.b_s) if a > 0]
 
     def interval(self) -> tuple[float | None, float | None]:
-        return (median_bound(self.ratios, upper=False, confidence=SIDE_CONFIDENCE),
-                median_bound(self.ratios, upper=True, confidence=SIDE_CONFIDENCE))
+        return interval(self.ratios)
 
     def verdict(self) -> str:
         low, high = self.interval()

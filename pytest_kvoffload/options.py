@@ -98,6 +98,9 @@ OPTIONS = (
     Option("--kv-trace-mode", "kv_trace_mode", "open (at arrival times, default) or closed (back to back)"),
     Option("--kv-trace-concurrency", "kv_trace_concurrency", "requests in flight at most (default 4)"),
     Option("--kv-trace-max-output", "kv_trace_max_output", "cap on output tokens per request (default 4)"),
+    Option("--kv-trace-repeats", "kv_trace_repeats",
+           "replays per backend, caches emptied before each; the verdict against gpu-only pairs requests over "
+           "them (default 3)"),
 )
 OPTION_NAMES = frozenset(option.name for option in OPTIONS)
 REPEATABLE = frozenset(option.name for option in OPTIONS if option.repeatable)
@@ -419,7 +422,8 @@ def build_replay_plan(values: OptionValues) -> ReplayPlan | None:
         raise OptionError(f"--kv-trace-mode {mode!r}: expected open or closed")
     plan = ReplayPlan(trace, scaling, mode,
                       parse_positive_int("--kv-trace-concurrency", values.get("kv_trace_concurrency", 4)),
-                      parse_positive_int("--kv-trace-max-output", values.get("kv_trace_max_output", 4)))
+                      parse_positive_int("--kv-trace-max-output", values.get("kv_trace_max_output", 4)),
+                      parse_positive_int("--kv-trace-repeats", values.get("kv_trace_repeats", 3)))
     if not select(trace, scaling):
         raise OptionError(f"--kv-trace: no request of {path} falls inside --kv-trace-window {window}")
     return plan

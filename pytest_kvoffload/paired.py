@@ -19,6 +19,8 @@ import numpy as np
 CAP = 1.10
 FLOOR = 0.03
 CONFIDENCE = 0.95
+# A two-sided 95% interval of the median: each side at 97.5%.
+SIDE_CONFIDENCE = 0.975
 
 
 def median_bound(values: list[float], upper: bool, confidence: float = CONFIDENCE) -> float | None:
@@ -50,3 +52,9 @@ def within_cap(ratios: list[float]) -> bool:
     """The median ratio within [1 / CAP, CAP]: no difference of 10% or more."""
     median = float(np.median(ratios))
     return 1 / CAP <= median <= CAP
+
+
+def interval(ratios: list[float]) -> tuple[float | None, float | None]:
+    """The median ratio's two-sided 95% interval (distribution-free); None on a side for too few ratios."""
+    return (median_bound(ratios, upper=False, confidence=SIDE_CONFIDENCE),
+            median_bound(ratios, upper=True, confidence=SIDE_CONFIDENCE))

@@ -9,7 +9,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
+
 from .client import Endpoint, RequestError, stream_completion
+from .paired import interval, verdict
 from .progress import Tracker
 
 
@@ -82,3 +85,25 @@ def replay(endpoint: Endpoint, items: list[ReplayItem], mode: str = "open", conc
 
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="kv-replay") as pool:
         return list(pool.map(send, items))
+
+
+def per_request_mean(runs: list[list[float | None]]) -> list[float | None]:
+    """Each request's mean TTFT over the repeats; None for a request some repeat did not answer."""
+    if not runs:
+        return []
+    return [None if any(run[i] is None for run in runs) else float(np.mean([run[i] for run in runs]))
+            for i in range(min(len(run) for run in runs))]
+
+
+def paired_verdict(base_runs: list[list[float | None]], runs: list[list[float | None]]) -> dict:
+    """A backend's repeated replays against gpu-only's, request by request: each request's mean TTFT over
+    the repeats divided by gpu-only's for the same request (the same prompt at the same place in the
+    trace). Pairing cancels what requests differ in (length, reuse); the repeats carry the servers' noise.
+    The median ratio, its two-sided 95% interval and paired.verdict ('paid', 'same' or 'slower')."""
+    ratios = [b / a for a, b in zip(per_request_mean(base_runs), per_request_mean(runs))
+              if a and b is not None]
+    if not ratios:
+        return {"pairs": 0, "median_ratio": None, "interval": [None, None], "verdict": "undecided"}
+    low, high = interval(ratios)
+    return {"pairs": len(ratios), "median_ratio": float(np.median(ratios)), "interval": [low, high],
+            "verdict": verdict(ratios)}

@@ -15,6 +15,7 @@ class ReplayPlan:
     mode: str
     concurrency: int
     max_output: int
+    repeats: int = 3  # replays per backend (--kv-trace-repeats)
 
     def items(self, vocab_size: int, salt: str) -> list[ReplayItem]:
         return [ReplayItem(r.line, r.arrival_s, build_prompt(r, self.trace.format, self.scaling, vocab_size, salt),
@@ -38,4 +39,4 @@ class ReplayPlan:
     def describe(self) -> dict:
         return {"path": str(self.trace.path), "format": self.trace.format, "requests": len(self.trace.requests),
                 "scaling": self.scaling.describe(self.trace.format), "mode": self.mode,
-                "concurrency": self.concurrency, "max_output": self.max_output}
+                "concurrency": self.concurrency, "max_output": self.max_output, "repeats": self.repeats}

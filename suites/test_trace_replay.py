@@ -1,8 +1,11 @@
-"""A request trace through each selected backend: same prompts, same order, caches emptied before each.
+"""A request trace through each selected backend: same prompts, same order, caches emptied before each
+replay, --kv-trace-repeats replays per backend.
 
 Reports per backend TTFT p50/p90/p99, hit ratio by source, bytes loaded, admission decisions and the
 share of requests above the break-even prefix measured in this session, and says whether offload paid
-on this trace against gpu-only. Give the trace with --kv-trace (see README for the scaling options).
+on this trace against gpu-only: each request's TTFT paired with gpu-only's for the same request, the
+median ratio with its 95% interval (replay.paired_verdict). Give the trace with --kv-trace (see
+docs/trace-replay.md for the scaling options).
 """
 
 import time
@@ -13,7 +16,7 @@ from tabulate import tabulate
 
 from pytest_kvoffload.analysis import analyse
 from pytest_kvoffload.progress import Tracker
-from pytest_kvoffload.replay import replay
+from pytest_kvoffload.replay import paired_verdict, replay
 from pytest_kvoffload.stats import cell_table
 
 NAME = "trace replay"
@@ -41,20 +44,25 @@ def _break_even_prefix(kv_session, backend):
     return tier.get("break_even_prefix_tokens") if tier else None
 
 
+def _verdict(base: dict, r: dict) -> str:
+    """Against gpu-only, request by request over the repeats (replay.paired_verdict)."""
+    pv = paired_verdict(base["ttft_s_by_repeat"], r["ttft_s_by_repeat"])
+    if pv["median_ratio"] is None:
+        return "undecided: no request answered by both"
+    low, high = pv["interval"]
+    spread = f"95% {low:.2f} to {high:.2f}" if low is not None and high is not None else "too few requests for an interval"
+    text = f"median request {pv['median_ratio']:.2f}x gpu-only ({spread}, {pv['pairs']} requests)"
+    if not sum(v for s, v in r["hit_ratio"].items() if s != "device"):
+        # Nothing came from the tier: any difference is the servers', not offload's.
+        return f"{text}: no tier hits, offload played no part"
+    return f"{text}: " + {"paid": "paid", "same": "no difference shown", "slower": "cost you"}[pv["verdict"]]
+
+
 def _table(results: dict) -> str:
     rows = []
     base = results.get("gpu-only")
     for name, r in results.items():
-        verdict = "-"
-        if base and name != "gpu-only":
-            ratio = r["ttft_mean_s"] / base["ttft_mean_s"]
-            tier_hits = sum(v for s, v in r["hit_ratio"].items() if s != "device")
-            if not tier_hits:
-                # Nothing came from the tier: any difference is the servers', not offload's.
-                verdict = f"{ratio:.2f}x gpu-only mean, no tier hits: offload played no part"
-            else:
-                verdict = f"{ratio:.2f}x gpu-only mean: " + ("paid" if ratio < 0.97 else "no gain" if ratio <= 1.03
-                                                             else "cost you")
+        verdict = _verdict(base, r) if base and name != "gpu-only" else "-"
         rows.append([name, r["requests"], f"{r['ttft_p50_s'] * 1e3:,.0f}", f"{r['ttft_p90_s'] * 1e3:,.0f}",
                      f"{r['ttft_p99_s'] * 1e3:,.0f}",
                      f"{r['arrival_p50_s'] * 1e3:,.0f} / {r['arrival_p99_s'] * 1e3:,.0f}",
@@ -65,35 +73,51 @@ def _table(results: dict) -> str:
                      f"{r['wall_s']:.1f}", verdict])
     return tabulate(rows, headers=["backend", "requests", "p50 ms", "p90 ms", "p99 ms",
                                    "from arrival p50 / p99 ms", "latest send ms", "hit ratio by source",
-                                   "MB loaded", "admission", "above break-even", "wall s", "offload"],
+                                   "MB loaded", "admission", "above break-even", "wall s (mean)", "offload"],
                     disable_numparse=True)
+
+
+def _replay_once(kv_session, kv_backend, kv_server, plan, repeat: int):
+    """One replay from empty caches: its records and the counters it moved."""
+    # The same prompts for every backend in the same repeat; fresh ones in the next.
+    items = plan.items(kv_session.settings.model.vocab_size, f"{kv_session.salt}|repeat{repeat}")
+    kv_server.reset_prefix_cache(external=True)
+    before = kv_server.metrics()
+    started = time.monotonic()
+    records = replay(kv_server, items, plan.mode, plan.concurrency,
+                     tracker=Tracker(kv_session.progress, f"replay {repeat + 1}/{plan.repeats} on {kv_backend.name}",
+                                     len(items), "requests"))
+    wall = time.monotonic() - started
+    errors = [f"line {r.line}: {r.error}" for r in records if r.error]
+    assert not errors, "; ".join(errors[:5])
+    return records, _settled(kv_server, before, sum(r.prompt_tokens for r in records)), wall
 
 
 def test_replay_trace(kv_session, kv_backend, kv_server):
     plan = kv_session.replay_plan
     if plan is None:
         pytest.skip("no --kv-trace given")
-    items = plan.items(kv_session.settings.model.vocab_size, kv_session.salt)
-    kv_server.reset_prefix_cache(external=True)
-    before = kv_server.metrics()
-    started = time.monotonic()
-    records = replay(kv_server, items, plan.mode, plan.concurrency,
-                     tracker=Tracker(kv_session.progress, f"replay on {kv_backend.name}", len(items), "requests"))
-    wall = time.monotonic() - started
-    errors = [f"line {r.line}: {r.error}" for r in records if r.error]
-    assert not errors, "; ".join(errors[:5])
+    runs = [_replay_once(kv_session, kv_backend, kv_server, plan, repeat) for repeat in range(plan.repeats)]
+    records = [r for run, _, _ in runs for r in run]
     prompt_tokens = sum(r.prompt_tokens for r in records)
-    delta = _settled(kv_server, before, prompt_tokens)
+    cached: dict[str, float] = {}
+    extra: dict[str, float] = {}
+    for _, delta, _ in runs:
+        for source, v in delta.cached_by_source.items():
+            cached[source] = cached.get(source, 0.0) + v
+        for key, v in delta.extra.items():
+            extra[key] = extra.get(key, 0.0) + v
     ttfts = np.asarray([r.ttft_s for r in records])
     from_arrival = np.asarray([r.ttft_from_arrival_s for r in records])
     p_star = _break_even_prefix(kv_session, kv_backend)
     shared = plan.shared_prefixes(kv_session.settings.block_size)
-    extra = delta.extra
     result = {
-        "requests": len(records),
+        "requests": len(runs[0][0]),
+        "repeats": len(runs),
+        # Over every repeat's requests.
         "ttft_p50_s": float(np.percentile(ttfts, 50)), "ttft_p90_s": float(np.percentile(ttfts, 90)),
         "ttft_p99_s": float(np.percentile(ttfts, 99)), "ttft_mean_s": float(ttfts.mean()),
-        "hit_ratio": {s: v / prompt_tokens for s, v in delta.cached_by_source.items()},
+        "hit_ratio": {s: v / prompt_tokens for s, v in cached.items()},
         "bytes_loaded": extra.get("kvoffload:bytes_read_total", 0.0),
         "admission": (f"{extra.get('kvoffload:loads_admitted_total', 0):.0f} in, "
                       f"{extra.get('kvoffload:loads_declined_total', 0):.0f} out")
@@ -102,16 +126,19 @@ def test_replay_trace(kv_session, kv_backend, kv_server):
         # A request's reusable prefix (what an earlier request of the replay had), not its length.
         "share_above_break_even": None if p_star is None else float(np.mean([s >= p_star for s in shared])),
         "arrival_p50_s": float(np.percentile(from_arrival, 50)), "arrival_p99_s": float(np.percentile(from_arrival, 99)),
-        "wall_s": wall,
+        "wall_s": float(np.mean([wall for _, _, wall in runs])),
         "late_s_max": max(r.late_s for r in records),
-        "per_request": [vars(r) for r in records],
+        # Each repeat's TTFT per request in trace order: the pairs of the verdict against gpu-only.
+        "ttft_s_by_repeat": [[r.ttft_s for r in run] for run, _, _ in runs],
+        "per_request": [vars(r) for r in runs[0][0]],
     }
     bench = kv_session.run_record().data.setdefault("benchmarks", {}).setdefault(NAME, {"backends": {}})
     bench["backends"][kv_backend.name] = result
     bench["trace"] = plan.describe()
     summary = {k: {kk: vv for kk, vv in v.items() if kk != "per_request"} for k, v in bench["backends"].items()}
-    text = (f"{plan.trace.path.name}: {len(items)} requests, {plan.describe()['scaling']}, {plan.mode} loop, "
-            f"concurrency {plan.concurrency}; p50-p99 from the send, 'from arrival' from the scheduled arrival "
-            f"(waiting for a free client included), 'latest send' the longest such wait; 'above break-even' "
-            f"compares each request's reusable prefix\n" + _table(summary))
+    text = (f"{plan.trace.path.name}: {result['requests']} requests, {plan.describe()['scaling']}, {plan.mode} loop, "
+            f"concurrency {plan.concurrency}, {plan.repeats} replays per backend from empty caches; p50-p99 over "
+            f"every replay from the send, 'from arrival' from the scheduled arrival (waiting for a free client "
+            f"included), 'latest send' the longest such wait; 'above break-even' compares each request's "
+            f"reusable prefix; 'offload' pairs each request with gpu-only's over the replays\n" + _table(summary))
     kv_session.add_benchmark(NAME, text, {"trace": bench["trace"], "backends": bench["backends"]})

@@ -144,6 +144,8 @@ BAD_VALUES = {
                                "--kv-trace-concurrency '0': expected a whole number of at least 1"),
     "--kv-trace-max-output": ({**TRACE, "kv_trace_max_output": "none"},
                               "--kv-trace-max-output 'none': expected a whole number of at least 1"),
+    "--kv-trace-repeats": ({**TRACE, "kv_trace_repeats": "0"},
+                           "--kv-trace-repeats '0': expected a whole number of at least 1"),
 }
 
 # connector key -> (bad value, the start of the message after "--kv-disk-opt: ")

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from pytest_kvoffload.replay import replay
@@ -60,3 +61,27 @@ def test_shared_prefix_is_what_an_earlier_request_had_in_whole_blocks(tmp_path):
     assert plan.shared_prefixes(16) == [0, 32, 0]
     assert plan.shared_prefixes(32) == [0, 32, 0]
     assert plan.shared_prefixes(64) == [0, 0, 0]  # a 64-token block is never whole before the last token
+
+
+def test_paired_verdict_pairs_requests_over_the_repeats():
+    from pytest_kvoffload.replay import paired_verdict
+    rng = np.random.default_rng(0)
+    sizes = rng.uniform(0.05, 2.0, 12)  # requests differ 40-fold: only pairing keeps a 15% effect visible
+
+    def runs(factor):
+        return [list(sizes * factor * rng.uniform(0.98, 1.02, sizes.size)) for _ in range(3)]
+
+    base = runs(1.0)
+    assert paired_verdict(base, runs(0.85))["verdict"] == "paid"
+    assert paired_verdict(base, runs(1.15))["verdict"] == "slower"  # the planted fault: a slower backend
+    same = paired_verdict(base, runs(1.0))
+    assert same["verdict"] == "same" and same["pairs"] == 12
+    low, high = same["interval"]
+    assert low < 1.0 < high or abs(same["median_ratio"] - 1) < 0.02
+
+
+def test_paired_verdict_leaves_out_unanswered_requests():
+    from pytest_kvoffload.replay import paired_verdict
+    result = paired_verdict([[1.0, None, 2.0]], [[0.5, 1.0, 1.0]])
+    assert result["pairs"] == 2 and result["median_ratio"] == 0.5
+    assert paired_verdict([], [[1.0]])["verdict"] == "undecided"
