@@ -18,6 +18,7 @@ import pytest
 
 from pytest_kvoffload.client import stream_completion
 from pytest_kvoffload.paired import within_cap
+from pytest_kvoffload.progress import Tracker
 from pytest_kvoffload.prompts import make_prompt
 from pytest_kvoffload.server import IDLE_S
 
@@ -33,7 +34,10 @@ def test_cold_prefill_is_the_same_with_and_without_a_connector(kv_session):
         pytest.skip("--kv-server-url: one external server, nothing to compare")
     base, other = (kv_session.registry.get(name) for name in PAIR)
     lines, unequal = [], []
-    for length in kv_session.lengths[-2:]:  # the longest two: where a difference in compute shows most
+    lengths = kv_session.lengths[-2:]  # the longest two: where a difference in compute shows most
+    tracker = Tracker(kv_session.progress, "equal engines", len(lengths) * ROUNDS, "rounds",
+                      total_work=sum(lengths) * ROUNDS)
+    for length in lengths:
         ratios, times = [], []
         for r in range(ROUNDS):
             seconds = []
@@ -45,6 +49,7 @@ def test_cold_prefill_is_the_same_with_and_without_a_connector(kv_session):
                 seconds.append(stream_completion(endpoint, tokens).client_ttft_s)
             ratios.append(seconds[1] / seconds[0])
             times.append(seconds)
+            tracker.step(f"{length} tokens, round {r + 1}", work=length)
         line = (f"{length} tokens: {other.name} / {base.name} cold TTFT, median ratio {sorted(ratios)[ROUNDS // 2]:.2f}; "
                 "rounds (ms) " + ", ".join(f"{a * 1e3:.0f}/{b * 1e3:.0f}" for a, b in times))
         lines.append(line)
