@@ -65,6 +65,8 @@ def check_server_commands(settings: Settings, registry) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
+    config.addinivalue_line("markers", "kv_after_cells: runs after the other tests of its backend, whose "
+                                       "measured cells it reads (the break-even, the recompute fit)")
     registry = default_registry()
     config.hook.pytest_kvoffload_register_backends(registry=registry)
     try:
@@ -159,6 +161,25 @@ def pytest_collection_modifyitems(config, items):
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    items[:] = after_cells_last(items)
+
+
+def after_cells_last(items: list) -> list:
+    """Within each run of consecutive tests of one backend, those marked kv_after_cells (they read the
+    break-even or the recompute fit of the cells measured before them) go last, order kept otherwise."""
+    def backend(item):
+        callspec = getattr(item, "callspec", None)
+        return callspec.params.get("kv_backend") if callspec else None
+
+    ordered, run = [], []
+    for item in items + [None]:
+        if run and (item is None or backend(item) != backend(run[0])):
+            ordered += [i for i in run if not i.get_closest_marker("kv_after_cells")]
+            ordered += [i for i in run if i.get_closest_marker("kv_after_cells")]
+            run = []
+        if item is not None:
+            run.append(item)
+    return ordered
 
 
 @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")

@@ -23,7 +23,7 @@ NAME = "trace replay"
 
 # Under pytest-xdist every backend replays in one worker, on the same GPUs, one after another: the
 # comparison with gpu-only is then between servers on the same hardware.
-pytestmark = pytest.mark.xdist_group("trace-replay")
+pytestmark = [pytest.mark.xdist_group("trace-replay"), pytest.mark.kv_after_cells]
 
 
 def _settled(endpoint, before, prompt_tokens, deadline_s=30.0):

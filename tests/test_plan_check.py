@@ -1,0 +1,84 @@
+"""The planner-against-replay comparison (plan_check.py) and the ordering that runs it after the cells."""
+
+from pathlib import Path
+
+import pytest
+
+from pytest_kvoffload import plan_check
+from pytest_kvoffload.plan import Served
+from pytest_kvoffload.replay_plan import ReplayPlan
+from pytest_kvoffload.traces import Scaling, read_trace
+
+METRICS = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",num_gpu_blocks="512"} 1.0
+"""
+
+
+def served(engine=0, loaded=None, ttft=0.1):
+    return Served(prompt=1024, engine=engine, found=dict(loaded or {}), loaded=dict(loaded or {}), ttft_s=ttft,
+                  shared=engine)
+
+
+def measured(line, sources, ttft=0.1):
+    return plan_check.Measured(line, 1024, sources, ttft)
+
+
+def test_sources_name_what_served_any_tokens():
+    assert plan_check.sources({"device": 256, "disk": 0}) == "device"
+    assert plan_check.sources({"disk": 512, "device": 128}) == "device+disk"
+    assert plan_check.sources({}) == "none"
+    assert plan_check.planned_sources(served(engine=0, loaded={"disk": 256})) == "disk"
+
+
+def test_engine_capacity_from_vllms_cache_config_info():
+    assert plan_check.engine_capacity_tokens(METRICS) == 512 * 128
+    assert plan_check.engine_capacity_tokens("vllm:prompt_tokens_total 3.0\n") is None
+
+
+def test_comparison_agrees_and_a_planted_wrong_plan_is_caught():
+    real = [measured(1, {}), measured(2, {"device": 896}, 0.04), measured(3, {"disk": 512}, 0.06)]
+    right = [served(), served(engine=896, ttft=0.05), served(loaded={"disk": 512}, ttft=0.06)]
+    good = plan_check.compare(real, right)
+    assert good.source_agreement == 1.0 and good.median_abs_ttft_error == pytest.approx(0.0)
+    # The control: a plan whose engine forgets everything (as with a one-block engine) must fail the check.
+    forgetful = [served(), served(), served()]
+    bad = plan_check.compare(real, forgetful)
+    assert bad.source_agreement < plan_check.SOURCE_AGREEMENT
+    assert bad.problems()[0].startswith("line 2: measured device {'device': 896}, planned none")
+
+
+def test_the_slice_is_planned_in_the_backends_configuration(tmp_path: Path):
+    trace = tmp_path / "t.jsonl"
+    # 512-token trace blocks scaled to 256 tokens: 1,024 and 1,280 tokens, 7 of the first's whole 128-token
+    # blocks shared (vLLM never serves a prompt's last token, so its last block is not counted).
+    trace.write_text('{"timestamp": 0, "input_length": 2048, "output_length": 1, "hash_ids": [1, 2, 3, 4]}\n'
+                     '{"timestamp": 1, "input_length": 2560, "output_length": 1, "hash_ids": [1, 2, 3, 4, 5]}\n')
+    plan = ReplayPlan(read_trace(trace), Scaling(tokens_per_block=256), "closed", 1, 1)
+    fit = {"a": 0.01, "b": 1e-4, "c": 0.0}
+    engine_only = plan_check.profile_of_run(fit, None, None, 4096, engine_tokens=10_000, tier_capacity_bytes=0)
+    planned = plan_check.plan_slice(plan, engine_only, block_size=128, admission=False)
+    assert [plan_check.planned_sources(s) for s in planned] == ["none", "device"]
+    # An engine of one block keeps only the first request's last block: the disk tier serves the prefix.
+    tier = {"bandwidth_gbps": 1.0, "fixed_s": 0.001}
+    with_disk = plan_check.profile_of_run(fit, tier, "disk", 4096, engine_tokens=128, tier_capacity_bytes=1e9)
+    planned = plan_check.plan_slice(plan, with_disk, block_size=128, admission=False)
+    assert [plan_check.planned_sources(s) for s in planned] == ["none", "disk"]
+    assert planned[1].engine == 0 and planned[1].loaded == {"disk": 7 * 128}
+
+
+def test_tests_that_read_cells_run_last_in_their_backends_run():
+    from pytest_kvoffload.plugin import after_cells_last
+
+    class Item:
+        def __init__(self, name, backend, after=False):
+            self.name, self.after = name, after
+            self.callspec = type("C", (), {"params": {"kv_backend": backend}})() if backend else None
+
+        def get_closest_marker(self, name):
+            return self.after if name == "kv_after_cells" else None
+
+    items = [Item("a-replay", "a", True), Item("a-cell", "a"), Item("b-replay", "b", True), Item("b-cell", "b"),
+             Item("plain", None), Item("a-again", "a")]
+    assert [i.name for i in after_cells_last(items)] == ["a-cell", "a-replay", "b-cell", "b-replay", "plain",
+                                                        "a-again"]
