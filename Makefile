@@ -12,9 +12,11 @@ KV_PIP_ARGS ?=
 # 384 and 1,280 tokens: loadable prefixes of 256 to 1,152 tokens, wide enough that the admission suite's
 # derived drive leaves loads that clearly pay and loads that clearly do not (its controls need both).
 TEST_GRID ?= --kv-lengths=384,1280 --kv-fractions=0.5,1.0 --kv-rounds=2 $(TEST_TRACE)
-# The trace-replay suite runs on a few requests of the shared Mooncake trace where it is present.
+# The trace-replay and plan-vs-replay suites run on a slice of the shared Mooncake trace where it is present:
+# whole prefix trees (so the slice keeps the trace's reuse), its 700 s of arrivals replayed in under 2 s.
 MOONCAKE := $(wildcard ../shared/data/mooncake/synthetic_trace.jsonl)
-TEST_TRACE ?= $(if $(MOONCAKE),--kv-trace=$(MOONCAKE) --kv-trace-limit=6 --kv-trace-tokens-per-block=16 --kv-trace-time-scale=0.02)
+TEST_TRACE ?= $(if $(MOONCAKE),--kv-trace=$(MOONCAKE) --kv-trace-slice=12 --kv-trace-tokens-per-block=16 --kv-trace-time-scale=0.002)
+BENCH_TRACE ?= $(if $(MOONCAKE),--kv-trace=$(MOONCAKE) --kv-trace-slice=24 --kv-trace-tokens-per-block=16 --kv-trace-time-scale=0.005)
 PYTEST_ARGS ?=
 
 .PHONY: bench test venv clean
@@ -31,7 +33,7 @@ endif
 	touch $@
 
 bench: $(STAMP)
-	$(PY) -m pytest suites --kv-backend=all $(PYTEST_ARGS)
+	$(PY) -m pytest suites --kv-backend=all $(BENCH_TRACE) $(PYTEST_ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest tests suites $(TEST_GRID) $(PYTEST_ARGS)

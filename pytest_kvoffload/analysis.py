@@ -155,11 +155,13 @@ def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -
         engine = {(c["length"], c["fraction"]): c for c in mine if c["state"] == State.ENGINE_HIT.value}
         pairs = [(round(c["sources"].get(source, 0)), c["ttft"]["p50"] - engine[(c["length"], c["fraction"])]["ttft"]["p50"])
                  for c in tier_cells if (c["length"], c["fraction"]) in engine]
+        # What a hit costs beyond its suffix when nothing is transferred: the engine hits' residual.
+        residual = [e["ttft"]["p50"] - (recompute(e["length"]) - recompute(round(e["sources"].get("device", 0))))
+                    for e in engine.values()]
+        if residual:
+            entry["hit_base_s"] = max(0.0, float(np.median(residual)))
         if pairs:
-            # What a hit costs beyond its suffix when nothing is transferred: the engine hits' residual.
-            residual = [e["ttft"]["p50"] - (recompute(e["length"]) - recompute(round(e["sources"].get("device", 0))))
-                        for e in engine.values()]
-            tier = fit_tier_paired(pairs, max(0.0, float(np.median(residual))), kv_bytes_per_token)
+            tier = fit_tier_paired(pairs, entry["hit_base_s"], kv_bytes_per_token)
             method = "paired with engine hits"
         else:
             hits = [(c["length"], round(c["sources"].get(source, 0)), c["ttft"]["p50"]) for c in tier_cells]

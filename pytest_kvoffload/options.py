@@ -95,6 +95,9 @@ OPTIONS = (
            "factor on arrival times, 0.1 = ten times faster (default 1)"),
     Option("--kv-trace-limit", "kv_trace_limit", "replay at most this many requests"),
     Option("--kv-trace-window", "kv_trace_window", "replay only requests arriving in START:END seconds"),
+    Option("--kv-trace-slice", "kv_trace_slice",
+           "replay this many requests taken as whole prefix trees (requests sharing their first block), so the "
+           "slice keeps the trace's reuse, which a first-N window cuts; after the window and limit"),
     Option("--kv-trace-mode", "kv_trace_mode", "open (at arrival times, default) or closed (back to back)"),
     Option("--kv-trace-concurrency", "kv_trace_concurrency", "requests in flight at most (default 4)"),
     Option("--kv-trace-max-output", "kv_trace_max_output", "cap on output tokens per request (default 4)"),
@@ -410,6 +413,7 @@ def build_replay_plan(values: OptionValues) -> ReplayPlan | None:
     except TraceError as exc:
         raise OptionError(f"--kv-trace: {exc}") from None
     per_block, limit = values.get("kv_trace_tokens_per_block"), values.get("kv_trace_limit")
+    slice_size = values.get("kv_trace_slice")
     window = values.get("kv_trace_window")
     scaling = Scaling(
         tokens_per_block=parse_positive_int("--kv-trace-tokens-per-block", per_block) if per_block else None,
@@ -423,7 +427,8 @@ def build_replay_plan(values: OptionValues) -> ReplayPlan | None:
     plan = ReplayPlan(trace, scaling, mode,
                       parse_positive_int("--kv-trace-concurrency", values.get("kv_trace_concurrency", 4)),
                       parse_positive_int("--kv-trace-max-output", values.get("kv_trace_max_output", 4)),
-                      parse_positive_int("--kv-trace-repeats", values.get("kv_trace_repeats", 3)))
+                      parse_positive_int("--kv-trace-repeats", values.get("kv_trace_repeats", 3)),
+                      parse_positive_int("--kv-trace-slice", slice_size) if slice_size else None)
     if not select(trace, scaling):
         raise OptionError(f"--kv-trace: no request of {path} falls inside --kv-trace-window {window}")
     return plan

@@ -54,6 +54,9 @@ class Profile:
     engine_bytes: float
     tiers: dict[str, Tier]
     source: str  # where the figures come from, for the report
+    # What an engine hit costs beyond computing its suffix (analysis.py's hit_base_s); None: the fit's
+    # base `a`, as for a cold prompt. A tier's fixed cost already holds it.
+    hit_base_s: float | None = None
 
     def load_seconds(self, tokens_by_tier: dict[str, int]) -> float:
         total = 0.0
@@ -66,7 +69,8 @@ class Profile:
 
     def ttft(self, prompt: int, cached: int, loaded: dict[str, int]) -> float:
         r = self.recompute
-        return r(prompt) - r(cached) + r.a + self.load_seconds(loaded)
+        engine_only = cached and not any(loaded.values()) and self.hit_base_s is not None
+        return r(prompt) - r(cached) + (self.hit_base_s if engine_only else r.a) + self.load_seconds(loaded)
 
 
 _UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,

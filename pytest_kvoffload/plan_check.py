@@ -15,7 +15,6 @@ from .client import Endpoint, measure
 from .plan import Profile, Served, Tier, simulate
 from .progress import Tracker
 from .replay_plan import ReplayPlan
-from .traces import select
 
 # The share of requests whose cache sources the plan must get right, and the TTFT error it aims at.
 SOURCE_AGREEMENT = 0.95
@@ -64,21 +63,21 @@ def replay_one_at_a_time(endpoint: Endpoint, plan: ReplayPlan, vocab_size: int, 
 
 
 def profile_of_run(recompute: dict, tier: dict | None, tier_name: str | None, kv_bytes_per_token: int,
-                   engine_tokens: int, tier_capacity_bytes: float) -> Profile:
-    """A planner profile from one backend's analysis entry (analysis.py): its recompute fit and, with a
-    tier, that tier's bandwidth and fixed cost at the tier's configured capacity."""
+                   engine_tokens: int, tier_capacity_bytes: float, hit_base_s: float | None = None) -> Profile:
+    """A planner profile from one backend's analysis entry (analysis.py): its recompute fit, what an engine
+    hit costs beyond its suffix, and, with a tier, that tier's bandwidth and fixed cost at the tier's
+    configured capacity."""
     tiers = {}
     if tier and tier_name:
         bandwidth = tier["bandwidth_gbps"] * 1e9 if tier.get("bandwidth_gbps") else float("inf")
         tiers[tier_name] = Tier(tier_name, bandwidth, tier_capacity_bytes, max(0.0, tier["fixed_s"]))
     return Profile(RecomputeFit(**recompute), kv_bytes_per_token, float(engine_tokens * kv_bytes_per_token), tiers,
-                   "this run's measurements")
+                   "this run's measurements", hit_base_s)
 
 
 def plan_slice(plan: ReplayPlan, profile: Profile, block_size: int, admission: bool) -> list[Served]:
     """The planner on the replayed slice, in the configuration of the backend: its tier if it has one."""
-    result = simulate(select(plan.trace, plan.scaling), plan.trace.format, plan.scaling, profile, block_size,
-                      admission=admission)
+    result = simulate(plan.requests(), plan.trace.format, plan.scaling, profile, block_size, admission=admission)
     config = "+" + next(iter(profile.tiers)) if profile.tiers else "gpu-only"
     return result["configs"][config]
 
@@ -100,7 +99,9 @@ class Comparison:
                 f"{r['planned_sources']} {r['planned_cached']}" for r in wrong]
 
 
-def compare(measured: list[Measured], planned: list[Served]) -> Comparison:
+def compare(measured: list[Measured], planned: list[Served], fit_from_tokens: int = 0) -> Comparison:
+    """Request by request. TTFT errors only of prompts of at least `fit_from_tokens` (the shortest length
+    the recompute fit was measured at): below it the fit extrapolates, even to negative times."""
     rows = []
     for m, p in zip(measured, planned):
         planned_cached = {"device": p.engine, **p.loaded}
@@ -109,7 +110,8 @@ def compare(measured: list[Measured], planned: list[Served]) -> Comparison:
                      "measured_cached": {k: v for k, v in m.cached_by_source.items() if v},
                      "planned_cached": {k: v for k, v in planned_cached.items() if v},
                      "measured_ttft_s": m.ttft_s, "planned_ttft_s": p.ttft_s,
-                     "ttft_error": abs(p.ttft_s - m.ttft_s) / m.ttft_s if m.ttft_s else None})
+                     "ttft_error": abs(p.ttft_s - m.ttft_s) / m.ttft_s
+                     if m.ttft_s and m.prompt_tokens >= fit_from_tokens else None})
     agree = float(np.mean([r["measured_sources"] == r["planned_sources"] for r in rows])) if rows else 0.0
     errors = [r["ttft_error"] for r in rows if r["ttft_error"] is not None]
     return Comparison(len(rows), agree, float(np.median(errors)) if errors else float("nan"), rows)

@@ -47,17 +47,22 @@ def test_plan_matches_the_replay(kv_session, kv_backend, kv_server):
     if engine_tokens is None:
         pytest.skip("the server does not report its KV capacity (vllm:cache_config_info)")
     profile = plan_check.profile_of_run(entry["recompute"], entry.get("tier"), kv_backend.tier,
-                                        settings.kv_bytes_per_token, engine_tokens, settings.disk_gb * 1e9)
+                                        settings.kv_bytes_per_token, engine_tokens, settings.disk_gb * 1e9,
+                                        entry.get("hit_base_s"))
     planned = plan_check.plan_slice(plan, profile, settings.block_size,
                                     admission=bool(settings.disk_opts.get("calibration")))
     measured = plan_check.replay_one_at_a_time(
         kv_server, plan, settings.model.vocab_size, f"{kv_session.salt}|plan-check",
         Tracker(kv_session.progress, f"plan check on {kv_backend.name}", len(planned), "requests"))
-    comparison = plan_check.compare(measured, planned)
-    text = (f"{kv_backend.name}: {comparison.requests} requests one at a time, engine {engine_tokens:,} tokens; "
-            f"cache sources agree for {comparison.source_agreement:.0%} (at least "
+    shortest = min(c["length"] for c in cells)
+    comparison = plan_check.compare(measured, planned, fit_from_tokens=shortest)
+    described = plan.describe()
+    text = (f"{kv_backend.name}: {comparison.requests} requests one at a time (reuse share "
+            f"{described['reuse_share']:.0%}, the whole trace's {described['trace_reuse_share']:.0%}), engine "
+            f"{engine_tokens:,} tokens; cache sources agree for {comparison.source_agreement:.0%} (at least "
             f"{plan_check.SOURCE_AGREEMENT:.0%} asserted), median TTFT error {comparison.median_abs_ttft_error:.0%} "
-            f"(target {plan_check.TTFT_ERROR_TARGET:.0%}, not asserted)\n" + _table(comparison))
+            f"over prompts of {shortest:,}+ tokens, the fit's range (target {plan_check.TTFT_ERROR_TARGET:.0%}, "
+            f"not asserted)\n" + _table(comparison))
     bench = kv_session.run_record().data.setdefault("benchmarks", {}).get(NAME, {})
     texts = {**bench.get("texts", {}), kv_backend.name: text}
     comparisons = {**bench.get("backends", {}), kv_backend.name: comparison.to_dict()}

@@ -136,7 +136,10 @@ def test_replay_trace(kv_session, kv_backend, kv_server):
     bench["backends"][kv_backend.name] = result
     bench["trace"] = plan.describe()
     summary = {k: {kk: vv for kk, vv in v.items() if kk != "per_request"} for k, v in bench["backends"].items()}
-    text = (f"{plan.trace.path.name}: {result['requests']} requests, {plan.describe()['scaling']}, {plan.mode} loop, "
+    described = plan.describe()
+    chosen = "a slice of whole prefix trees, " if plan.slice_size else ""
+    text = (f"{plan.trace.path.name}: {result['requests']} requests ({chosen}reuse share {described['reuse_share']:.0%}, "
+            f"the whole trace's {described['trace_reuse_share']:.0%}), {described['scaling']}, {plan.mode} loop, "
             f"concurrency {plan.concurrency}, {plan.repeats} replays per backend from empty caches; p50-p99 over "
             f"every replay from the send, 'from arrival' from the scheduled arrival (waiting for a free client "
             f"included), 'latest send' the longest such wait; 'above break-even' compares each request's "

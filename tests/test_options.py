@@ -144,6 +144,8 @@ BAD_VALUES = {
                                "--kv-trace-concurrency '0': expected a whole number of at least 1"),
     "--kv-trace-max-output": ({**TRACE, "kv_trace_max_output": "none"},
                               "--kv-trace-max-output 'none': expected a whole number of at least 1"),
+    "--kv-trace-slice": ({**TRACE, "kv_trace_slice": "some"},
+                         "--kv-trace-slice 'some': expected a whole number of at least 1"),
     "--kv-trace-repeats": ({**TRACE, "kv_trace_repeats": "0"},
                            "--kv-trace-repeats '0': expected a whole number of at least 1"),
 }

@@ -82,3 +82,13 @@ def test_tests_that_read_cells_run_last_in_their_backends_run():
              Item("plain", None), Item("a-again", "a")]
     assert [i.name for i in after_cells_last(items)] == ["a-cell", "a-replay", "b-cell", "b-replay", "plain",
                                                         "a-again"]
+
+
+def test_an_engine_hit_costs_the_measured_hit_base_not_the_cold_intercept():
+    fit = {"a": -0.005, "b": 1e-4, "c": 0.0}  # a cold fit's intercept can be negative; a hit never is free
+    plain = plan_check.profile_of_run(fit, None, None, 4096, engine_tokens=10_000, tier_capacity_bytes=0)
+    based = plan_check.profile_of_run(fit, None, None, 4096, engine_tokens=10_000, tier_capacity_bytes=0,
+                                      hit_base_s=0.02)
+    assert plain.ttft(1024, 896, {}) == pytest.approx(128 * 1e-4 - 0.005)
+    assert based.ttft(1024, 896, {}) == pytest.approx(128 * 1e-4 + 0.02)
+    assert based.ttft(1024, 0, {}) == plain.ttft(1024, 0, {})  # a cold prompt is the fit's
