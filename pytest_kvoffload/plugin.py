@@ -165,20 +165,30 @@ def pytest_collection_modifyitems(config, items):
 
 
 def after_cells_last(items: list) -> list:
-    """Within each run of consecutive tests of one backend, those marked kv_after_cells (they read the
-    break-even or the recompute fit of the cells measured before them) go last, order kept otherwise."""
+    """Tests marked kv_after_cells (they read the break-even or the recompute fit of the cells measured
+    before them) move to just after the last other test of their backend, order kept otherwise: there
+    that backend's server is still up, and its cells are measured."""
     def backend(item):
         callspec = getattr(item, "callspec", None)
         return callspec.params.get("kv_backend") if callspec else None
 
-    ordered, run = [], []
-    for item in items + [None]:
-        if run and (item is None or backend(item) != backend(run[0])):
-            ordered += [i for i in run if not i.get_closest_marker("kv_after_cells")]
-            ordered += [i for i in run if i.get_closest_marker("kv_after_cells")]
-            run = []
-        if item is not None:
-            run.append(item)
+    def marked(item):
+        return backend(item) is not None and item.get_closest_marker("kv_after_cells") is not None
+
+    last = {backend(item): i for i, item in enumerate(items) if not marked(item)}
+    waiting: dict = {}
+    for item in items:
+        if marked(item) and backend(item) in last:
+            waiting.setdefault(backend(item), []).append(item)
+    ordered = []
+    for i, item in enumerate(items):
+        if marked(item) and backend(item) in last:
+            continue
+        ordered.append(item)
+        if last.get(backend(item)) == i:
+            ordered += waiting.pop(backend(item), [])
+    for rest in waiting.values():
+        ordered += rest
     return ordered
 
 
