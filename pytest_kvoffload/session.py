@@ -60,8 +60,8 @@ class KVSession:
         self._lengths: tuple[int, ...] | None = None
         # Seconds by phase (server start-ups, warm-ups, each test file), printed at the end of the run.
         self.phases: dict[str, float] = {}
-        self._starts = 0
-        self.start_seconds: list[float] = []  # each server start-up's, for the next one's progress line
+        # Each server start-up's seconds: the next one's progress line, and a fresh salt per start.
+        self.start_seconds: list[float] = []
 
     def add_phase(self, name: str, seconds: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + seconds
@@ -147,11 +147,11 @@ class KVSession:
         """Warm a fresh server up and time its cold prefill; the first measurement fixes the grid."""
         s = self.settings
         # Fresh prompts for every start: a restarted server's tier may still hold the last start's.
-        self._starts += 1
         speed = measure_prefill(endpoint, max(s.lengths), s.max_model_len, s.max_prefill_s,
-                                f"{self.salt}|{name}|start{self._starts}", s.model.vocab_size)
+                                f"{self.salt}|{name}|start{len(self.start_seconds)}", s.model.vocab_size)
         self.speeds[name] = speed
-        self.run_record().set_backend(name, self.run_record().data["backends"][name]["status"], prefill=speed.to_dict())
+        record = self.run_record()
+        record.set_backend(name, record.data["backends"][name]["status"], prefill=speed.to_dict())
         self.progress(f"{name}: warmed up; {speed.describe()} ({s.dtype})")
         if self._lengths is None:
             self._lengths = s.lengths if s.lengths_given else lengths_within(s.lengths, speed, s.max_prefill_s)
