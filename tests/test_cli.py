@@ -47,3 +47,12 @@ def test_probe_missing_folder(tmp_path, capsys):
 def test_report_of_a_missing_run(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "no run.json there" in capsys.readouterr().err
+
+
+def test_probe_with_fio_missing_is_one_line(tmp_path, capsys, monkeypatch):
+    import shutil
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert main(["probe", "disk", str(tmp_path), "--size-mib", "4", "--repeats", "1", "--fio"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("kvoffload probe disk --fio: fio is not installed; install it (e.g. apt install fio) to compare "
+                   "the probe with it")
