@@ -3,6 +3,7 @@
 from types import SimpleNamespace
 
 from pytest_kvoffload.connector.config import ConnectorConfig
+from pytest_kvoffload.connector.index import ChunkIndex
 from pytest_kvoffload.connector.scheduler import SchedulerSide
 
 BLOCK = 128
@@ -17,13 +18,22 @@ class Recorder:
         return True
 
 
+class StoresEverything(ChunkIndex):
+    """An index that holds every chunk asked for."""
+
+    def lookup(self, keys):
+        return len(keys)
+
+
 def side(tmp_path, admit):
     config = ConnectorConfig.from_extra({"store_dir": str(tmp_path), "chunk_tokens": 256}, BLOCK)
-    return SchedulerSide(config, BLOCK, b"root", exists=lambda key: True, clear=lambda: 0, admit=admit)
+    return SchedulerSide(config, BLOCK, b"root", StoresEverything(tmp_path, 1 << 30, 4096), admit=admit)
 
 
 def request(req_id, n):
-    return SimpleNamespace(request_id=req_id, prompt_token_ids=list(range(n)))
+    # Prompts of different requests share no prefix (a shared one would wait for the other's load).
+    start = sum(map(ord, req_id)) * 100_000
+    return SimpleNamespace(request_id=req_id, prompt_token_ids=list(range(start, start + n)))
 
 
 def step(new=(), cached=(), scheduled=None):

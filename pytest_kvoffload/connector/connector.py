@@ -16,7 +16,8 @@ from .metadata import KVOffloadMetadata
 from .scheduler import SchedulerSide
 from .prom import KVOffloadPromMetrics, KVOffloadStats
 from .counters import Counters
-from .store import SUFFIX
+from .index import ChunkIndex
+from .store import HEADER_SIZE, padded
 
 log = logging.getLogger("pytest_kvoffload.connector")
 
@@ -78,16 +79,15 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
         self._worker = None
         self._scheduler_counters = Counters()
         if role == KVConnectorRole.SCHEDULER:
-            # Tensor-parallel ranks keep separate files; rank 0's folder answers lookups for all.
+            # Tensor-parallel ranks keep separate files of one key set; rank 0's folder seeds the index.
             root = self.config.store_dir / "rank0"
             root.mkdir(parents=True, exist_ok=True)
-            self._scheduler = SchedulerSide(
-                self.config, block_size, chain_root,
-                exists=lambda key: (root / f"{key}{SUFFIX}").is_file(),
-                clear=lambda: _clear_all(self.config.store_dir),
-                admit=self._admission(vllm_config),
-                counters=self._scheduler_counters,
-            )
+            index = ChunkIndex(root, self.config.capacity_bytes,
+                               chunk_file_bytes(kv_cache_config, self.config.chunk_tokens // block_size),
+                               self._scheduler_counters)
+            log.info("kvoffload: index holds %d chunks from %s at start", len(index), root)
+            self._scheduler = SchedulerSide(self.config, block_size, chain_root, index,
+                                            admit=self._admission(vllm_config), counters=self._scheduler_counters)
         else:
             from .worker import WorkerSide
 
@@ -192,13 +192,12 @@ def _tp_rank() -> int:
         return 0
 
 
-def _clear_all(store_dir) -> int:
-    removed = 0
-    for rank_dir in store_dir.glob("rank*"):
-        for path in rank_dir.glob(f"*{SUFFIX}"):
-            try:
-                path.unlink()
-                removed += 1
-            except OSError:
-                pass
-    return removed
+def chunk_file_bytes(kv_cache_config, blocks_per_chunk: int) -> int | None:
+    """One chunk file's size from the engine's KV geometry, for the index's first capacity checks (the
+    workers report the real size with every write); None where the config does not say."""
+    try:
+        per_block = sum(len(group.layer_names) * group.kv_cache_spec.page_size_bytes
+                        for group in kv_cache_config.kv_cache_groups)
+    except (AttributeError, TypeError):
+        return None
+    return HEADER_SIZE + padded(blocks_per_chunk * per_block) if per_block else None

@@ -37,6 +37,7 @@ COUNTERS = {
     "loads_declined": "prefix loads declined by the admission rule",
     "tokens_declined": "prompt tokens whose load was declined by the admission rule",
     "requests_not_keyed": "requests neither saved nor loaded: their KV depends on more than tokens (multimodal, embeddings)",
+    "lookups_deferred": "requests told to wait while another request loaded the same chunks (read once, not twice)",
     "loads_admitted_queued": "prefix loads admitted only because they finish while the request would queue anyway",
 }
 FLAGS = {"direct_io": "1 when the store uses O_DIRECT, 0 when buffered with cached pages dropped",

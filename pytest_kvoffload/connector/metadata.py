@@ -1,4 +1,5 @@
-"""What the scheduler half tells the worker half each step (pickled across processes)."""
+"""What the scheduler half tells the worker half each step, and what the workers report back (pickled
+across processes)."""
 
 from __future__ import annotations
 
@@ -28,20 +29,37 @@ class SaveJob:
     key: str
     block_ids: list[int]  # every block of the chunk, in order
     index: int = 0  # the chunk's position in the prompt (recorded in the file header)
+    generation: int = 0  # the index's generation when announced (index.ChunkIndex.reset)
 
 
 @dataclass
 class KVOffloadMetadata(KVConnectorMetadata):
     loads: list[LoadJob] = field(default_factory=list)
     saves: list[SaveJob] = field(default_factory=list)
+    # Decided by the index (index.ChunkIndex): remove every file (a reset), then these chunks' files
+    # (evicted or found damaged), before this step's loads and saves.
+    clear: bool = False
+    deletes: list[str] = field(default_factory=list)
 
 
 @dataclass
 class KVOffloadWorkerMeta(KVConnectorWorkerMetadata):
-    """What the worker half tells the scheduler half: (bytes, wall seconds) of each finished load."""
+    """What the worker half tells the scheduler half after a step.
+
+    loads: (bytes, wall seconds) of each finished load, for the online bandwidth estimate;
+    loaded: requests whose load finished (well or not), so the index unpins their chunks;
+    stored / store_failed: (key, file bytes, generation) of each write that finished or was declined;
+    dropped: keys whose file was missing or damaged at load, for the index to forget.
+    """
 
     loads: list[tuple[float, float]] = field(default_factory=list)
+    loaded: list[str] = field(default_factory=list)
+    stored: list[tuple[str, int, int]] = field(default_factory=list)
+    store_failed: list[tuple[str, int, int]] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
 
     def aggregate(self, other: "KVOffloadWorkerMeta") -> "KVOffloadWorkerMeta":
-        self.loads.extend(getattr(other, "loads", []))
+        # Tensor-parallel ranks: a chunk any rank failed to write is not stored.
+        for name in ("loads", "loaded", "stored", "store_failed", "dropped"):
+            getattr(self, name).extend(getattr(other, name, []))
         return self

@@ -1,16 +1,18 @@
-"""The scheduler half: which prefix chunks the store holds, which to load, which finished chunks to save.
+"""The scheduler half: which prefix chunks to load, which finished chunks to save.
 
-Runs in the engine-core process. It only looks at file names; the worker half moves the bytes.
+Runs in the engine-core process. What is stored is the index's (index.ChunkIndex) to say; the worker half
+moves the bytes.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 from .config import ConnectorConfig
 from .hashing import chunk_keys, request_key_root
+from .index import ChunkIndex
 from .metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
 
 log = logging.getLogger("pytest_kvoffload.connector")
@@ -36,15 +38,13 @@ class Admit(Protocol):
 
 
 class SchedulerSide:
-    def __init__(self, config: ConnectorConfig, block_size: int, key_root: bytes,
-                 exists: Callable[[str], bool], clear: Callable[[], int],
+    def __init__(self, config: ConnectorConfig, block_size: int, key_root: bytes, index: ChunkIndex,
                  admit: Admit | None = None, counters=None) -> None:
         self.config = config
         self.block_size = block_size
         self.chunk = config.chunk_tokens
         self.key_root = key_root
-        self.exists = exists
-        self.clear = clear
+        self.index = index
         # admit(prefix tokens to load, prompt tokens, locally cached tokens, ahead=[(computed, prompt)] of
         # the running requests, loading_tokens=tokens of loads in flight) -> load or recompute.
         self.admit = admit
@@ -55,10 +55,10 @@ class SchedulerSide:
         self._lookups: dict[str, int] = {}
         self._loads: list[LoadJob] = []
         self._tracked: dict[str, _Tracked] = {}
-        self._inflight: dict[str, set[str]] = {}  # req_id -> keys being saved
         # One load attempt per request: after a failed load vLLM asks again, and a damaged file that is
         # still there would otherwise be matched and fail forever.
         self._attempted: set[str] = set()
+        self._deferred: set[str] = set()  # requests told to wait for another's load (counted once)
 
     def _keys_for(self, request) -> list[str]:
         """The request's chunk keys, made at its first lookup (vLLM looks every request up before it is
@@ -87,24 +87,24 @@ class SchedulerSide:
     def _prefill_ahead(self) -> list[tuple[int, int]]:
         return [(t.computed, len(t.prompt)) for t in self._tracked.values() if t.computed < len(t.prompt)]
 
-    def _saving(self) -> set[str]:
-        return set().union(*self._inflight.values()) if self._inflight else set()
-
-    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int) -> tuple[int | None, bool]:
         if request.request_id in self._attempted:
             return 0, False
         prompt = list(request.prompt_token_ids or [])
         keys = self._keys_for(request)
-        stored = 0
-        for key in keys:
-            if not self.exists(key):
-                break
-            stored += 1
+        stored = self.index.lookup(keys)
         # vLLM computes at least the last prompt token itself, and loads whole blocks.
         loadable = (len(prompt) - 1) // self.block_size * self.block_size
         matched = min(stored * self.chunk, loadable)
         if matched <= num_computed_tokens:
             return 0, False
+        needed = keys[num_computed_tokens // self.chunk:-(-matched // self.chunk)]
+        if self.index.loading_elsewhere(needed, request.request_id):
+            # None: vLLM asks again next step, when those blocks are in its own cache.
+            if self.counters is not None and request.request_id not in self._deferred:
+                self._deferred.add(request.request_id)
+                self.counters.add("lookups_deferred")
+            return None, False
         if self.admit is not None and not self._admitted(request.request_id, matched - num_computed_tokens,
                                                          len(prompt), num_computed_tokens):
             return 0, False
@@ -126,12 +126,13 @@ class SchedulerSide:
         for b in range(start // self.block_size, (start + num_external_tokens) // self.block_size):
             c = b // per_chunk
             chunks.setdefault(c, ChunkBlocks(keys[c], [])).blocks.append((b % per_chunk, block_ids[b]))
-        self._loads.append(LoadJob(req_id, [chunks[c] for c in sorted(chunks)], sync=self.config.load_mode == "sync"))
+        ordered = [chunks[c] for c in sorted(chunks)]
+        self.index.prepare_load(req_id, [chunk.key for chunk in ordered])
+        self._loads.append(LoadJob(req_id, ordered, sync=self.config.load_mode == "sync"))
 
     def build_connector_meta(self, scheduler_output) -> KVOffloadMetadata:
         meta = KVOffloadMetadata(loads=self._loads)
         self._loads = []
-        saving = self._saving()
         for new in scheduler_output.scheduled_new_reqs:
             prompt = list(new.prompt_token_ids or [])
             # Keys come from the request's lookup; one never looked up is not saved.
@@ -139,7 +140,7 @@ class SchedulerSide:
             self._tracked[new.req_id] = tracked
             done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
             tracked.computed = done
-            self._plan_saves(new.req_id, tracked, done, meta, saving)
+            self._plan_saves(new.req_id, tracked, done, meta)
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             tracked = self._tracked.get(req_id)
@@ -152,11 +153,12 @@ class SchedulerSide:
                 tracked.block_ids.extend(new_ids[0])
             done = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(req_id, 0)
             tracked.computed = done
-            self._plan_saves(req_id, tracked, done, meta, saving)
+            self._plan_saves(req_id, tracked, done, meta)
+        # Stores announced above may have evicted chunks: their deletions travel in this same step.
+        meta.clear, meta.deletes = self.index.take_deletions()
         return meta
 
-    def _plan_saves(self, req_id: str, tracked: _Tracked, computed: int, meta: KVOffloadMetadata,
-                    saving: set[str]) -> None:
+    def _plan_saves(self, req_id: str, tracked: _Tracked, computed: int, meta: KVOffloadMetadata) -> None:
         """Save each prompt chunk once a step has completed it, whichever step that is."""
         per_chunk = self.chunk // self.block_size
         complete = min(computed, len(tracked.prompt)) // self.chunk
@@ -167,11 +169,9 @@ class SchedulerSide:
                 break
             tracked.next_chunk += 1
             key = tracked.keys[c]
-            if key in saving or self.exists(key):
+            if not self.index.prepare_store(key):  # stored, being stored, or no room
                 continue
-            meta.saves.append(SaveJob(req_id, key, blocks, c))
-            saving.add(key)
-            self._inflight.setdefault(req_id, set()).add(key)
+            meta.saves.append(SaveJob(req_id, key, blocks, c, self.index.generation))
             tracked.has_saves = True
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:
@@ -181,22 +181,33 @@ class SchedulerSide:
         self._attempted.discard(req_id)
         self._loading.pop(req_id, None)
         self._decisions.pop(req_id, None)
+        self._deferred.discard(req_id)
         tracked = self._tracked.pop(req_id, None)
         # True keeps the blocks alive until the worker reports the saves done (get_finished).
         return bool(tracked and tracked.has_saves), None
 
     def update_connector_output(self, connector_output) -> None:
-        for req_id in connector_output.finished_sending or ():
-            self._inflight.pop(req_id, None)
         for req_id in connector_output.finished_recving or ():
             self._loading.pop(req_id, None)
+            self.index.complete_load(req_id)
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        if meta is None:
+            return
+        for req_id in getattr(meta, "loaded", ()):
+            self.index.complete_load(req_id)  # sync loads are not reported in finished_recving
+        for key in getattr(meta, "dropped", ()):
+            self.index.drop(key)
+        # Failures first: with tensor parallelism a chunk one rank failed to write is not stored.
+        for key, _, generation in getattr(meta, "store_failed", ()):
+            self.index.fail_store(key, generation)
+        for key, size, generation in getattr(meta, "stored", ()):
+            self.index.complete_store(key, size, generation)
         observe = getattr(self.admit, "observe", None)
-        if observe is not None and meta is not None:
+        if observe is not None:
             for nbytes, seconds in getattr(meta, "loads", ()):
                 observe(nbytes, seconds)
 
     def reset_cache(self) -> bool:
-        removed = self.clear()
-        log.info("kvoffload: store reset, %d chunks removed", removed)
+        removed = self.index.reset()
+        log.info("kvoffload: store reset, %d chunks forgotten; the workers remove the files", removed)
         return True

@@ -4,7 +4,9 @@ File = 4 KiB header + payload padded to 4 KiB, so that the whole file moves with
 Header: magic, format version, fingerprint digest, key, payload length, checksum, layout numbers.
 Writes go to a temporary name in the store folder and are renamed into place, so a reader never sees
 half a chunk. Anything wrong with a file (missing, short, corrupt, written for another model) is a
-miss: counted, logged once, and the tokens are recomputed.
+miss: counted, logged once, and the tokens are recomputed; the index (index.ChunkIndex) then forgets it
+and has its file removed. The store keeps no list of its own: what is stored, and what to evict, is the
+index's to decide.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import os
 import struct
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,54 +85,37 @@ def read_header(path: Path) -> dict:
 
 
 class ChunkStore:
-    def __init__(self, root: Path, fingerprint: str, layout: Layout, capacity_bytes: int, direct_io: bool = True,
+    def __init__(self, root: Path, fingerprint: str, layout: Layout, direct_io: bool = True,
                  read_bytes_per_s: float | None = None, counters: Counters | None = None) -> None:
         self.root = Path(root)
         self.fingerprint = hashlib.sha256(fingerprint.encode()).digest()
         self.layout = layout
-        self.capacity_bytes = capacity_bytes
         self.read_bytes_per_s = read_bytes_per_s
         self.counters = counters or Counters()
         self._lock = threading.Lock()
-        self._lru: OrderedDict[str, int] = OrderedDict()
-        self._used = 0
         self._throttle_until = 0.0
         self._logged: set[str] = set()
         self.root.mkdir(parents=True, exist_ok=True)
         self.direct_io = direct_io and self._probe_direct_io()
         self.counters.set("direct_io", 1.0 if self.direct_io else 0.0)
-        self._scan()
+        self._remove_temporaries()
 
     # -- bookkeeping ------------------------------------------------------------------------------
     def path(self, key: str) -> Path:
         return self.root / f"{key}{SUFFIX}"
 
-    def contains(self, key: str) -> bool:
-        return self.path(key).is_file()
-
-    def _scan(self) -> None:
-        """Rebuild the LRU order from the folder (oldest first), e.g. after a restart or a reset."""
-        entries = []
+    def _remove_temporaries(self) -> None:
+        """A temporary file left by a crashed writer is never a valid chunk."""
         try:
             with os.scandir(self.root) as it:
                 for entry in it:
-                    if entry.name.endswith(SUFFIX):
-                        try:
-                            st = entry.stat()
-                        except OSError:
-                            continue
-                        entries.append((st.st_mtime, entry.name[: -len(SUFFIX)], st.st_size))
-                    elif entry.name.startswith(".tmp-"):
-                        # A temporary file left by a crashed writer is never a valid chunk.
+                    if entry.name.startswith(".tmp-"):
                         try:
                             os.unlink(entry.path)
                         except OSError:
                             pass
         except OSError as exc:
             self._once("scan", f"cannot list store folder {self.root}: {exc}")
-        with self._lock:
-            self._lru = OrderedDict((key, size) for _, key, size in sorted(entries))
-            self._used = sum(self._lru.values())
 
     def _once(self, kind: str, message: str) -> None:
         if kind not in self._logged:
@@ -164,17 +148,13 @@ class ChunkStore:
         return buffer[HEADER_SIZE:HEADER_SIZE + self.layout.payload_bytes]
 
     def write(self, key: str, buffer: np.ndarray, index: int = 0) -> bool:
-        """Store a chunk whose payload was gathered into `buffer` (from new_buffer). False: declined."""
+        """Store a chunk whose payload was gathered into `buffer` (from new_buffer). False: declined.
+        Room was made by the index when it announced the store."""
         size = self.layout.file_bytes
-        if size > self.capacity_bytes:
-            self.counters.add("writes_declined")
-            self._once("capacity", f"a chunk of {size} bytes exceeds the store capacity of {self.capacity_bytes}")
-            return False
         payload = self.payload_view(buffer)
         header = _HEADER.pack(MAGIC, FORMAT_VERSION, self.fingerprint, bytes.fromhex(key), payload.size,
                               checksum(payload), self.layout.layers, self.layout.blocks, self.layout.block_bytes, index)
         buffer[:len(header)] = np.frombuffer(header, dtype=np.uint8)
-        self._make_room(size)
         started = time.perf_counter()
         error = self._write_file(key, buffer, size)
         if error is not None and error.errno == errno.ENOENT and self._recreate():
@@ -190,10 +170,6 @@ class ChunkStore:
         self.counters.add("bytes_written", size)
         self.counters.add("useful_bytes_written", payload.size)
         self.counters.add("chunks_written")
-        with self._lock:
-            self._lru.pop(key, None)
-            self._lru[key] = size
-            self._used += size
         return True
 
     def _write_file(self, key: str, buffer: np.ndarray, size: int) -> OSError | None:
@@ -222,32 +198,17 @@ class ChunkStore:
         return None
 
     def _recreate(self) -> bool:
-        """The store folder vanished (a cleanup job, an operator): make it again, empty, and carry on."""
+        """The store folder vanished (a cleanup job, an operator): make it again, empty, and carry on.
+        The index still lists the lost chunks; their loads fail as missing and it forgets them."""
         if self.root.exists():
             return False
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError:
             return False
-        with self._lock:
-            self._lru.clear()
-            self._used = 0
         self.counters.add("store_recreated")
         log.warning("kvoffload: store folder %s vanished; recreated it empty", self.root)
         return True
-
-    def _make_room(self, size: int) -> None:
-        while True:
-            with self._lock:
-                if self._used + size <= self.capacity_bytes or not self._lru:
-                    return
-                key, old = self._lru.popitem(last=False)
-                self._used -= old
-            try:
-                os.unlink(self.path(key))
-                self.counters.add("chunks_evicted")
-            except OSError:
-                pass
 
     # -- reading ----------------------------------------------------------------------------------
     def read(self, key: str, buffer: np.ndarray) -> bool:
@@ -289,10 +250,9 @@ class ChunkStore:
             return self._corrupt(key, "not a kvoffload chunk of this format version")
         if fingerprint != self.fingerprint or (layers, blocks, block_bytes) != (
                 self.layout.layers, self.layout.blocks, self.layout.block_bytes):
-            # Keys are seeded with the fingerprint, so this file can serve no server: remove it.
+            # Keys are seeded with the fingerprint, so this file can serve no server: the index removes it.
             self.counters.add("chunks_foreign")
             self._once("foreign", f"chunk {key} was written for another model or layout; removed")
-            self._forget(key)
             return False
         payload = self.payload_view(buffer)
         if stored_key != bytes.fromhex(key) or length != payload.size or checksum(payload) != stored_sum:
@@ -302,9 +262,6 @@ class ChunkStore:
         self.counters.add("bytes_read", size)
         self.counters.add("useful_bytes_read", payload.size)
         self.counters.add("chunks_read")
-        with self._lock:
-            if key in self._lru:
-                self._lru.move_to_end(key)
         return True
 
     def _throttle(self, nbytes: int) -> None:
@@ -322,16 +279,14 @@ class ChunkStore:
     def _corrupt(self, key: str, why: str) -> bool:
         self.counters.add("chunks_corrupt")
         self._once("corrupt", f"chunk {key} is damaged ({why}); removed and recomputed")
-        self._forget(key)
         return False
 
-    def _forget(self, key: str) -> None:
+    def delete(self, key: str) -> None:
+        """Remove one chunk's file (the index evicted it or found it damaged); a missing file is fine."""
         try:
             os.unlink(self.path(key))
         except OSError:
             pass
-        with self._lock:
-            self._used -= self._lru.pop(key, 0)
 
     def clear(self) -> int:
         """Remove every chunk (vLLM's reset_external); returns how many were removed."""
@@ -347,7 +302,4 @@ class ChunkStore:
                     removed += 1
                 except OSError:
                     pass
-        with self._lock:
-            self._lru.clear()
-            self._used = 0
         return removed

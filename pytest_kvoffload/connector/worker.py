@@ -4,6 +4,8 @@ Loads and saves run on I/O threads (separate ones), so the forward pass never wa
 through get_finished while its request waits in the scheduler, and a save holds its blocks (through
 request_finished) until the file is in place. Whole blocks (kv[block_id]) are copied, which is exact
 on the CPU and GPU cache layouts alike (vLLM 0.33 puts the block dimension first in both).
+What to keep and what to remove is the scheduler's index's (index.ChunkIndex) to say: the worker carries out
+its deletions, and reports back every finished load, every write and every chunk it found damaged.
 On CUDA each I/O thread's chunk buffer is pinned host memory, page-aligned so O_DIRECT reads and writes
 it directly, and its copies run on that thread's own stream: no staging copy, no shared stream.
 """
@@ -43,7 +45,8 @@ class WorkerSide:
         self._loads: dict[str, tuple[LoadJob, list[Future], float]] = {}
         self._saves: dict[str, list[Future]] = {}
         self._save_batches: list[tuple[float, list[Future]]] = []
-        self._load_samples: list[tuple[float, float]] = []
+        self._report_lock = threading.Lock()  # I/O threads append to the report below
+        self._report = KVOffloadWorkerMeta()
         # One chunk buffer per I/O thread, reused: a fresh 4 KiB-aligned buffer per chunk costs page faults.
         self._local = threading.local()
         self._finished: set[str] = set()
@@ -65,14 +68,15 @@ class WorkerSide:
         self._cuda = first.is_cuda
         self.device = first.device
         layout_text = f"{self.fingerprint}|shape={self.block_shape}|dtype={self.dtype}"
-        self.store = ChunkStore(self.store_root, layout_text, self.layout, self.config.capacity_bytes,
-                                self.config.direct_io, self.config.read_bytes_per_s, self.counters)
+        self.store = ChunkStore(self.store_root, layout_text, self.layout, self.config.direct_io,
+                                self.config.read_bytes_per_s, self.counters)
         log.info("kvoffload: %d layers, block shape %s %s, %d blocks (%d bytes) per chunk file, store %s (%s)",
                  len(self.layers), self.block_shape, self.dtype, per_chunk, self.layout.file_bytes,
                  self.store_root, "O_DIRECT" if self.store.direct_io else "buffered")
 
     # -- per-step entry points -----------------------------------------------------------------------
     def start_load_kv(self, meta: KVOffloadMetadata) -> None:
+        self._delete(meta)
         sync = []
         for job in meta.loads:
             # Chunks are read in parallel; the request is released when all are in. An emulated drive's
@@ -87,6 +91,18 @@ class WorkerSide:
             # This step's forward reads these blocks: wait, and report failures in this same step.
             wait(futures)
             self._collect(job, futures, started)
+
+    def _delete(self, meta: KVOffloadMetadata) -> None:
+        """Carry out the index's deletions before this step's loads and saves (which may reuse a key)."""
+        if meta.clear:
+            # A reset: reads and writes already under way finish first, or they would outlive it.
+            wait([f for _, futures, _ in self._loads.values() for f in futures]
+                 + [f for futures in self._saves.values() for f in futures])
+            removed = self.store.clear()
+            log.info("kvoffload: store reset, %d chunk files removed", removed)
+        for key in meta.deletes:
+            # The index never evicts a chunk being read or written, so no I/O thread holds this file.
+            self.store.delete(key)
 
     def wait_for_save(self, meta: KVOffloadMetadata) -> None:
         if not meta.saves:
@@ -157,17 +173,21 @@ class WorkerSide:
             else:
                 self._failed_blocks.update(b for _, b in chunk.blocks)
         self.counters.add("load_wall_seconds", ended - started)
+        with self._report_lock:
+            self._report.loaded.append(job.req_id)
+            if moved:
+                self._report.loads.append((float(moved), ended - started))
         if moved:
-            self._load_samples.append((float(moved), ended - started))
             self.counters.observe("load_duration_seconds", ended - started)
             self.counters.observe("load_size_bytes", moved)
 
     def worker_meta(self) -> KVOffloadWorkerMeta | None:
-        """Finished loads since the last step, for the scheduler's online bandwidth estimate."""
-        if not self._load_samples:
+        """What happened since the last step, for the index and the online bandwidth estimate."""
+        with self._report_lock:
+            report, self._report = self._report, KVOffloadWorkerMeta()
+        if not (report.loads or report.loaded or report.stored or report.store_failed or report.dropped):
             return None
-        samples, self._load_samples = self._load_samples, []
-        return KVOffloadWorkerMeta(loads=samples)
+        return report
 
     def block_ids_with_load_errors(self) -> set[int]:
         failed, self._failed_blocks = self._failed_blocks, set()
@@ -200,6 +220,8 @@ class WorkerSide:
             time.sleep(delay)
         buffer = self._buffer()
         if not self.store.read(chunk.key, buffer):
+            with self._report_lock:
+                self._report.dropped.append(chunk.key)
             return False, time.perf_counter()
         src = self._views(buffer)
         if self.config.fault:
@@ -233,6 +255,17 @@ class WorkerSide:
             layer.index_copy_(0, dst_ids, blocks)
 
     def _save(self, job: SaveJob, ready) -> tuple[bool, float]:
+        written = False
+        try:
+            written = self._write_chunk(job, ready)
+        finally:
+            # Reported either way, or the index would hold the chunk as "being stored" for ever.
+            with self._report_lock:
+                (self._report.stored if written else self._report.store_failed).append(
+                    (job.key, self.layout.file_bytes, job.generation))
+        return written, time.perf_counter()
+
+    def _write_chunk(self, job: SaveJob, ready) -> bool:
         buffer = self._buffer()
         dst = self._views(buffer)
         if self._cuda:
@@ -248,7 +281,7 @@ class WorkerSide:
             ids = torch.tensor(job.block_ids)
             for i, layer in enumerate(self.layers):
                 torch.index_select(layer, 0, ids, out=dst[i])
-        return self.store.write(job.key, buffer, index=job.index), time.perf_counter()
+        return self.store.write(job.key, buffer, index=job.index)
 
     def shutdown(self) -> None:
         self.load_pool.shutdown(wait=True, cancel_futures=False)
