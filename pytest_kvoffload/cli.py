@@ -30,10 +30,12 @@ def _estimate(args) -> int:
 
 
 def _probe(args) -> int:
-    from .probe import probe_disk
+    from .probe import probe_disk, probe_store
 
     try:
         result = probe_disk(args.path, args.request_mib << 20, args.size_mib << 20, args.repeats, args.threads)
+        store = (probe_store(args.path, result.request_bytes, result.total_bytes, args.repeats, result.threads)
+                 if args.store else None)
     except (NotADirectoryError, OSError) as exc:
         print(f"kvoffload probe disk: {exc}", file=sys.stderr)
         return 2
@@ -46,7 +48,8 @@ def _probe(args) -> int:
             print(f"kvoffload probe disk --fio: {exc}", file=sys.stderr)
             return 2
     if args.json:
-        print(json.dumps({**result.to_dict(), **({"fio": fio.to_dict()} if fio else {})}))
+        print(json.dumps({**result.to_dict(), **({"fio": fio.to_dict()} if fio else {}),
+                          **({"store": store.to_dict()} if store else {})}))
         return 0
     print(f"{result.path}: {result.describe()}; {result.total_bytes >> 20} MiB fresh file per pass, "
           f"median (min to max) of {args.repeats} passes")
@@ -55,6 +58,10 @@ def _probe(args) -> int:
               f"write {fio.write_gbps:.2f} GB/s ({fio.write_range[0]:.2f} to {fio.write_range[1]:.2f}); "
               f"probe / fio: read {result.read_gbps / fio.read_gbps:.2f}, write {result.write_gbps / fio.write_gbps:.2f}")
         print(f"fio's read pass: {fio.command}")
+    if store:
+        print(f"the connector's store alone (a chunk file per request, header, checksum, rename): "
+              f"read {store.read_gbps:.2f} GB/s, write {store.write_gbps:.2f} GB/s; store / probe: "
+              f"read {store.read_gbps / result.read_gbps:.2f}, write {store.write_gbps / result.write_gbps:.2f}")
     return 0
 
 
@@ -164,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="I/O threads, as the connector's io_threads (default 2)")
     disk.add_argument("--fio", action="store_true",
                       help="also run fio with the same pattern and print the two side by side (needs fio)")
+    disk.add_argument("--store", action="store_true",
+                      help="also write and read the same bytes as the connector's chunk files (no engine)")
     disk.add_argument("--json", action="store_true")
     disk.set_defaults(handler=_probe)
 

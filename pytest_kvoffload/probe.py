@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .connector.store import aligned_buffer, padded
+from .connector.store import ALIGN, aligned_buffer, padded
 
 
 @dataclass
@@ -105,4 +105,58 @@ def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: in
             except OSError:
                 pass
     return ProbeResult(str(folder), request_bytes, count * request_bytes, direct, statistics.median(writes),
+                       statistics.median(reads), threads, (min(writes), max(writes)), (min(reads), max(reads)))
+
+
+def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 20, repeats: int = 3,
+                threads: int = 1) -> ProbeResult:
+    """The connector's store alone, no engine: `threads` threads write fresh chunk files of `file_bytes`
+    through ChunkStore (header, checksum, temporary name, rename), then read each back once.
+
+    Between the raw probe (probe_disk) and the connector in a running server, it splits the gap in two:
+    what one file per chunk costs (store / probe) and what sharing the machine with the engine costs
+    (connector / store).
+    """
+    import uuid
+
+    from .connector.store import HEADER_SIZE, ChunkStore, Layout
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise NotADirectoryError(f"probe store: {folder} is not a folder; pass the folder on the drive to measure")
+    layout = Layout(layers=1, blocks=1, block_bytes=max(ALIGN, padded(file_bytes) - HEADER_SIZE))
+    count = max(threads, total_bytes // layout.file_bytes)
+    writes: list[float] = []
+    reads: list[float] = []
+    direct = True
+    for n in range(repeats):
+        root = folder / f".kvoffload-store-probe-{os.getpid()}-{n}"
+        store = ChunkStore(root, "probe", layout)
+        direct = store.direct_io
+        keys = [uuid.uuid4().hex for _ in range(count)]
+
+        def run(write: bool) -> float:
+            def work(first: int) -> None:
+                buffer = store.new_buffer()
+                store.payload_view(buffer)[:] = 0xA5
+                for key in keys[first::threads]:
+                    ok = store.write(key, buffer) if write else store.read(key, buffer)
+                    if not ok:
+                        raise OSError(f"probe store: chunk {'write' if write else 'read'} failed under {root}")
+
+            started = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=threads) as pool:
+                list(pool.map(work, range(threads)))
+            return count * layout.file_bytes / (time.perf_counter() - started) / 1e9
+
+        try:
+            writes.append(run(write=True))
+            reads.append(run(write=False))
+        finally:
+            store.clear()
+            try:
+                root.rmdir()
+            except OSError:
+                pass
+    return ProbeResult(str(folder), layout.file_bytes, count * layout.file_bytes, direct, statistics.median(writes),
                        statistics.median(reads), threads, (min(writes), max(writes)), (min(reads), max(reads)))

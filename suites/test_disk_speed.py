@@ -4,6 +4,11 @@ Prints figures (no timed asserts): the connector's delivered read and write band
 the drive's O_DIRECT probe at the connector's chunk size, bytes moved per useful KV byte, and disk-hit
 TTFT against device-hit and cold TTFT at each length. Correctness is still asserted: every hit must
 come from the source it is meant to come from.
+
+The drive is probed before and after the connector's rounds (a virtual disk drifts: the ratio is taken
+against their mean and their difference is printed), and the store alone (probe_store: chunk files
+written and read by ChunkStore, no engine) is measured between them, so that the gap to the drive splits
+into what the file format costs and what sharing two cores with the engine costs.
 """
 
 import time
@@ -14,7 +19,7 @@ from tabulate import tabulate
 from pytest_kvoffload.backends import kvoffload_store_dir
 from pytest_kvoffload.client import measure
 from pytest_kvoffload.connector.store import HEADER_SIZE
-from pytest_kvoffload.probe import probe_disk
+from pytest_kvoffload.probe import probe_disk, probe_store
 from pytest_kvoffload.progress import Tracker
 from pytest_kvoffload.prompts import expected_cached, make_prompt
 from pytest_kvoffload.stats import summarize
@@ -22,7 +27,7 @@ from pytest_kvoffload.stats import summarize
 pytestmark = pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
 
 TOTALS = ("bytes_read", "useful_bytes_read", "bytes_written", "useful_bytes_written", "load_wall_seconds",
-          "save_wall_seconds", "load_seconds", "save_seconds", "chunks_read", "chunks_written")
+          "save_wall_seconds", "load_seconds", "save_seconds", "save_copy_seconds", "save_wait_seconds", "save_first_wait_seconds", "save_batches", "chunks_read", "chunks_written")
 
 
 def totals(endpoint) -> dict:
@@ -52,7 +57,9 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     store.mkdir(parents=True, exist_ok=True)
     # The connector's pattern: its chunk files, its I/O threads, fresh files (probe.py).
     threads = int(kv_settings.disk_opts.get("io_threads", 2))
-    probe = probe_disk(store, request_bytes=chunk_file, total_bytes=max(256 << 20, 64 * chunk_file), threads=threads)
+    probe_bytes = max(256 << 20, 64 * chunk_file)
+    before = probe_disk(store, request_bytes=chunk_file, total_bytes=probe_bytes, threads=threads)
+    alone = probe_store(store, chunk_file, total_bytes=probe_bytes, threads=threads)
 
     kv_server.reset_prefix_cache(external=True)
     start = settled_totals(kv_server)
@@ -82,30 +89,56 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
         rows.append([length, f"{p50['cold'] * 1e3:,.0f}", f"{p50['device'] * 1e3:,.0f}", f"{p50['disk'] * 1e3:,.0f}",
                      f"{p50['disk'] / p50['device']:.2f}", f"{p50['cold'] / p50['disk']:.2f}"])
     end = settled_totals(kv_server)
+    after = probe_disk(store, request_bytes=chunk_file, total_bytes=probe_bytes, threads=threads)
     d = {k: end[k] - start[k] for k in TOTALS}
 
-    read_gbps = d["bytes_read"] / d["load_wall_seconds"] / 1e9 if d["load_wall_seconds"] else 0.0
-    write_gbps = d["bytes_written"] / d["save_wall_seconds"] / 1e9 if d["save_wall_seconds"] else 0.0
+    delivered = {"read": d["bytes_read"] / d["load_wall_seconds"] / 1e9 if d["load_wall_seconds"] else 0.0,
+                 "write": d["bytes_written"] / d["save_wall_seconds"] / 1e9 if d["save_wall_seconds"] else 0.0}
     figures = {
-        "probe": probe.to_dict(),
-        "delivered_read_gbps": read_gbps,
-        "delivered_write_gbps": write_gbps,
-        "read_vs_probe": read_gbps / probe.read_gbps if probe.read_gbps else None,
-        "write_vs_probe": write_gbps / probe.write_gbps if probe.write_gbps else None,
+        "probe": before.to_dict(), "probe_after": after.to_dict(), "store_alone": alone.to_dict(),
+        "ttft_p50_s": {str(k): v for k, v in ttft.items()}, "counters": d,
         "read_amplification": d["bytes_read"] / d["useful_bytes_read"] if d["useful_bytes_read"] else None,
         "write_amplification": d["bytes_written"] / d["useful_bytes_written"] if d["useful_bytes_written"] else None,
-        "ttft_p50_s": {str(k): v for k, v in ttft.items()},
-        "counters": d,
     }
-    summary = tabulate([
-        ["read", f"{read_gbps:.2f}", f"{probe.read_gbps:.2f}", f"{figures['read_vs_probe'] or 0:.2f}",
-         f"{figures['read_amplification'] or 0:.3f}"],
-        ["write", f"{write_gbps:.2f}", f"{probe.write_gbps:.2f}", f"{figures['write_vs_probe'] or 0:.2f}",
-         f"{figures['write_amplification'] or 0:.3f}"],
-    ], headers=["", "connector GB/s", "probe GB/s", "share of probe", "bytes per useful byte"], disable_numparse=True)
+    summary_rows = []
+    for way in ("read", "write"):
+        drive = (getattr(before, f"{way}_gbps") + getattr(after, f"{way}_gbps")) / 2
+        store_gbps = getattr(alone, f"{way}_gbps")
+        figures[f"delivered_{way}_gbps"] = delivered[way]
+        figures[f"{way}_vs_probe"] = delivered[way] / drive if drive else None
+        figures[f"{way}_store_vs_probe"] = store_gbps / drive if drive else None
+        figures[f"{way}_vs_store"] = delivered[way] / store_gbps if store_gbps else None
+        figures[f"{way}_probe_drift"] = (getattr(after, f"{way}_gbps") / getattr(before, f"{way}_gbps") - 1
+                                         if getattr(before, f"{way}_gbps") else None)
+        summary_rows.append([
+            way, f"{delivered[way]:.2f}", f"{store_gbps:.2f}",
+            f"{getattr(before, f'{way}_gbps'):.2f} / {getattr(after, f'{way}_gbps'):.2f}",
+            f"{figures[f'{way}_vs_probe'] or 0:.2f}", f"{figures[f'{way}_store_vs_probe'] or 0:.2f}",
+            f"{figures[f'{way}_vs_store'] or 0:.2f}", f"{figures[f'{way}_amplification'] or 0:.3f}"])
+    summary = tabulate(summary_rows, headers=["", "connector GB/s", "store alone GB/s", "probe before / after",
+                                              "connector/probe", "store/probe", "connector/store",
+                                              "bytes per useful byte"], disable_numparse=True)
+    # Where a save's time goes, per chunk and I/O thread: the gather from the KV cache and the file write in
+    # the engine, against the same write by the store alone (threads x a chunk over its bandwidth).
+    per_chunk = {
+        "save_first_wait_ms": 1e3 * d["save_first_wait_seconds"] / d["save_batches"] if d["save_batches"] else None,
+        "save_wait_ms": 1e3 * d["save_wait_seconds"] / d["chunks_written"] if d["chunks_written"] else None,
+        "save_copy_ms": 1e3 * d["save_copy_seconds"] / d["chunks_written"] if d["chunks_written"] else None,
+        "save_write_ms": 1e3 * d["save_seconds"] / d["chunks_written"] if d["chunks_written"] else None,
+        "store_alone_write_ms": 1e3 * threads * alone.request_bytes / (alone.write_gbps * 1e9) if alone.write_gbps else None,
+        "load_read_ms": 1e3 * d["load_seconds"] / d["chunks_read"] if d["chunks_read"] else None,
+        "store_alone_read_ms": 1e3 * threads * alone.request_bytes / (alone.read_gbps * 1e9) if alone.read_gbps else None,
+    }
+    figures["per_chunk"] = per_chunk
+    shown = {k: f"{v:.2f}" if v is not None else "-" for k, v in per_chunk.items()}
+    breakdown = (f"per chunk and I/O thread, ms: waited {shown['save_wait_ms']} for a thread (a step's first "
+                 f"chunk {shown['save_first_wait_ms']}); save = gather {shown['save_copy_ms']} + write {shown['save_write_ms']} "
+                 f"(the store alone writes one in {shown['store_alone_write_ms']}); load = read and check "
+                 f"{shown['load_read_ms']} (alone {shown['store_alone_read_ms']})")
     table = tabulate(rows, headers=["length", "cold ms", "device-hit ms", "disk-hit ms", "disk/device", "cold/disk"],
                      disable_numparse=True)
-    text = (f"drive under {store}: probe {probe.describe()}\n{summary}\n\n"
+    text = (f"drive under {store}: probe before {before.describe()}; after {after.describe()}\n"
+            f"(shares are of the mean of the two probes; store alone: {alone.describe()})\n{summary}\n{breakdown}\n\n"
             f"TTFT p50 over {kv_settings.rounds} rounds, fully cached prompts\n{table}")
     kv_session.add_benchmark("kvoffload-disk speed", text, figures)
     assert d["useful_bytes_read"] > 0 and d["useful_bytes_written"] > 0

@@ -39,6 +39,15 @@ def test_probe_disk(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["read_gbps"] > 0
 
 
+def test_probe_store_writes_and_reads_chunk_files_and_leaves_nothing(tmp_path, capsys):
+    assert main(["probe", "disk", str(tmp_path), "--request-mib", "1", "--size-mib", "4", "--repeats", "1",
+                 "--store", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["store"]["read_gbps"] > 0 and out["store"]["write_gbps"] > 0
+    assert out["store"]["request_bytes"] == out["request_bytes"]  # the same bytes per file as per request
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_probe_missing_folder(tmp_path, capsys):
     assert main(["probe", "disk", str(tmp_path / "no")]) == 2
     assert "is not a folder" in capsys.readouterr().err

@@ -269,3 +269,14 @@ def test_worker_reports_writes_deletes_on_order_and_clears_after_pending_writes(
     side.start_load_kv(KVOffloadMetadata(deletes=[a]))
     assert not (tmp_path / "rank0" / f"{a}.kv").exists()
     side.shutdown()
+
+
+def test_busy_time_counts_overlapping_intervals_once_in_any_order():
+    from pytest_kvoffload.connector.worker import BusyTime
+
+    busy = BusyTime()
+    assert busy.add(0.0, 2.0) == 2.0
+    assert busy.add(1.0, 3.0) == 1.0   # the next step's saves began while these still wrote
+    assert busy.add(5.0, 6.0) == 1.0
+    assert busy.add(2.5, 5.5) == 2.0   # reported late, bridging two spans: only the gap is new
+    assert busy.add(0.5, 1.5) == 0.0

@@ -77,6 +77,7 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
         chain_root = key_root(self.fingerprint)
         self._scheduler = None
         self._worker = None
+        self._zeroes_blocks = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", True))
         self._scheduler_counters = Counters()
         if role == KVConnectorRole.SCHEDULER:
             # Tensor-parallel ranks keep separate files of one key set; rank 0's folder seeds the index.
@@ -119,10 +120,20 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches):
         self._worker.register_kv_caches(kv_caches)
 
+    def bind_connector_metadata(self, connector_metadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        # vLLM starts asynchronous loads after the forward (start_load_kv); on the CPU build that waits for
+        # the whole step. Binding happens before the forward: start the loads here, so they run beside it.
+        # Not where new blocks are zeroed during the step (Mamba, mixed precision): a load could race it.
+        if self._worker is not None and not self._zeroes_blocks:
+            assert isinstance(connector_metadata, KVOffloadMetadata)
+            self._worker.start_load_kv(connector_metadata)
+
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
-        meta = self._get_connector_metadata()
-        assert isinstance(meta, KVOffloadMetadata)
-        self._worker.start_load_kv(meta)
+        if self._zeroes_blocks:
+            meta = self._get_connector_metadata()
+            assert isinstance(meta, KVOffloadMetadata)
+            self._worker.start_load_kv(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return

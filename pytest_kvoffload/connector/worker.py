@@ -45,6 +45,9 @@ class WorkerSide:
         self._loads: dict[str, tuple[LoadJob, list[Future], float]] = {}
         self._saves: dict[str, list[Future]] = {}
         self._save_batches: list[tuple[float, list[Future]]] = []
+        # Wall time with saves (loads) in flight, each instant counted once (BusyTime).
+        self._saves_busy = BusyTime()
+        self._loads_busy = BusyTime()
         self._report_lock = threading.Lock()  # I/O threads append to the report below
         self._report = KVOffloadWorkerMeta()
         # One chunk buffer per I/O thread, reused: a fresh 4 KiB-aligned buffer per chunk costs page faults.
@@ -113,8 +116,8 @@ class WorkerSide:
             ready = torch.cuda.Event()
             ready.record()
         started, batch = time.perf_counter(), []
-        for job in meta.saves:
-            future = self.save_pool.submit(self._save, job, ready)
+        for i, job in enumerate(meta.saves):
+            future = self.save_pool.submit(self._save, job, ready, started, i == 0)
             self._saves.setdefault(job.req_id, []).append(future)
             batch.append(future)
         # Write bandwidth is timed per step's batch: a request's saves span its prefill steps.
@@ -142,17 +145,24 @@ class WorkerSide:
         return sent or None, received or None
 
     def _time_save_batches(self) -> None:
+        """Time each finished step's saves.
+
+        The histogram gets each batch's own wall time, from submission to its last write. The bandwidth
+        total (save_wall_seconds) gets the union of the batches' intervals: a step's saves often start
+        while the previous step's are still writing, and summing both walls would count the shared
+        time twice.
+        """
         pending = []
         for started, batch in self._save_batches:
             if not all(f.done() for f in batch):
                 pending.append((started, batch))
                 continue
             ends = [f.result()[1] for f in batch if f.exception() is None]
-            seconds = max(ends, default=started) - started
-            self.counters.add("save_wall_seconds", seconds)
+            ended = max(ends, default=started)
+            self.counters.add("save_wall_seconds", self._saves_busy.add(started, ended))
             written = sum(1 for f in batch if f.exception() is None and f.result()[0])
             if written:
-                self.counters.observe("save_duration_seconds", seconds)
+                self.counters.observe("save_duration_seconds", ended - started)
                 self.counters.observe("save_size_bytes", written * self.layout.file_bytes)
         self._save_batches = pending
 
@@ -172,7 +182,7 @@ class WorkerSide:
                 moved += self.layout.file_bytes
             else:
                 self._failed_blocks.update(b for _, b in chunk.blocks)
-        self.counters.add("load_wall_seconds", ended - started)
+        self.counters.add("load_wall_seconds", self._loads_busy.add(started, ended))
         with self._report_lock:
             self._report.loaded.append(job.req_id)
             if moved:
@@ -254,7 +264,15 @@ class WorkerSide:
         for layer, blocks in zip(self.layers, rows):
             layer.index_copy_(0, dst_ids, blocks)
 
-    def _save(self, job: SaveJob, ready) -> tuple[bool, float]:
+    def _save(self, job: SaveJob, ready, submitted: float, first: bool) -> tuple[bool, float]:
+        # From the step's submission to this thread taking the chunk: the queue behind the other chunks,
+        # and, where the engine's threads hold every core (the CPU build), waiting to be scheduled at all;
+        # the first chunk of a step's saves waits for the second alone (when no earlier saves are queued).
+        waited = time.perf_counter() - submitted
+        self.counters.add("save_wait_seconds", waited)
+        if first:
+            self.counters.add("save_first_wait_seconds", waited)
+            self.counters.add("save_batches")
         written = False
         try:
             written = self._write_chunk(job, ready)
@@ -266,6 +284,7 @@ class WorkerSide:
         return written, time.perf_counter()
 
     def _write_chunk(self, job: SaveJob, ready) -> bool:
+        started = time.perf_counter()
         buffer = self._buffer()
         dst = self._views(buffer)
         if self._cuda:
@@ -281,11 +300,38 @@ class WorkerSide:
             ids = torch.tensor(job.block_ids)
             for i, layer in enumerate(self.layers):
                 torch.index_select(layer, 0, ids, out=dst[i])
+        # The gather's share of a save, beside save_seconds (the file write): where a slow save's time goes.
+        self.counters.add("save_copy_seconds", time.perf_counter() - started)
         return self.store.write(job.key, buffer, index=job.index)
 
     def shutdown(self) -> None:
         self.load_pool.shutdown(wait=True, cancel_futures=False)
         self.save_pool.shutdown(wait=True, cancel_futures=False)
+
+
+class BusyTime:
+    """The union of time intervals reported one by one, in any order: add() returns how much of the new
+    interval no earlier one covered. Bandwidth is bytes over this union, never over a sum of overlapping
+    walls. Keeps the most recent intervals only (older ones cannot overlap new I/O)."""
+
+    KEEP = 256
+
+    def __init__(self) -> None:
+        self._spans: list[tuple[float, float]] = []  # disjoint, sorted by start
+
+    def add(self, start: float, end: float) -> float:
+        if end <= start:
+            return 0.0
+        covered = sum(max(0.0, min(end, e) - max(start, s)) for s, e in self._spans)
+        merged, lo, hi = [], start, end
+        for s, e in self._spans:
+            if e < lo or s > hi:
+                merged.append((s, e))
+            else:
+                lo, hi = min(lo, s), max(hi, e)
+        merged.append((lo, hi))
+        self._spans = sorted(merged)[-self.KEEP:]
+        return (end - start) - covered
 
 
 def pinned_buffer(nbytes: int) -> np.ndarray:
