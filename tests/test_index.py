@@ -280,3 +280,26 @@ def test_busy_time_counts_overlapping_intervals_once_in_any_order():
     assert busy.add(5.0, 6.0) == 1.0
     assert busy.add(2.5, 5.5) == 2.0   # reported late, bridging two spans: only the gap is new
     assert busy.add(0.5, 1.5) == 0.0
+
+
+def test_the_byte_count_follows_every_change(tmp_path):
+    import random
+
+    rng = random.Random(7)
+    index = ChunkIndex(tmp_path, 6 * SIZE, SIZE)
+    names = keys(12)
+    for step in range(400):
+        key, op = rng.choice(names), rng.random()
+        if op < 0.4 and index.prepare_store(key):
+            if rng.random() < 0.8:
+                index.complete_store(key, SIZE, index.generation)
+            else:
+                index.fail_store(key, index.generation)
+        elif op < 0.55:
+            index.prepare_load(f"r{step}", [key])
+            index.complete_load(f"r{step}")
+        elif op < 0.7:
+            index.drop(key)
+        elif op < 0.72:
+            index.reset()
+        assert index.used_bytes == SIZE * len(index) <= 6 * SIZE

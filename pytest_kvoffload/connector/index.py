@@ -27,6 +27,8 @@ class ChunkIndex:
         self.counters = counters or Counters()
         self._present: OrderedDict[str, int] = OrderedDict()  # key -> file bytes, least recently used first
         self._pending: dict[str, int] = {}  # key -> bytes reserved for a store not yet reported done
+        # Bytes of both, kept as they change: summing 64k entries on every store would cost the scheduler.
+        self._used = 0
         self._pins: dict[str, int] = {}  # key -> loads in flight reading it
         self._loads: dict[str, list[str]] = {}  # req_id -> the keys its load pinned
         self._deletes: list[str] = []  # files the workers remove at their next step
@@ -54,11 +56,12 @@ class ChunkIndex:
         except OSError:
             pass
         self._present = OrderedDict((key, size) for _, key, size in sorted(entries))
+        self._used = sum(self._present.values())
 
     # -- reading the index ----------------------------------------------------------------------------
     @property
     def used_bytes(self) -> int:
-        return sum(self._present.values()) + sum(self._pending.values())
+        return self._used
 
     def __contains__(self, key: str) -> bool:
         return key in self._present
@@ -100,7 +103,9 @@ class ChunkIndex:
 
     def drop(self, key: str) -> None:
         """A chunk a worker found missing or damaged: out of the index, its file removed."""
-        if self._present.pop(key, None) is not None:
+        size = self._present.pop(key, None)
+        if size is not None:
+            self._used -= size
             self._deletes.append(key)
 
     # -- stores -----------------------------------------------------------------------------------------
@@ -117,12 +122,17 @@ class ChunkIndex:
             self._decline("every stored chunk is being loaded; no room to evict")
             return False
         self._pending[key] = size
+        self._used += size
         return True
 
     def complete_store(self, key: str, size: int, generation: int) -> None:
-        if generation != self.generation or self._pending.pop(key, None) is None:
+        if generation != self.generation:
+            return
+        reserved = self._pending.pop(key, None)
+        if reserved is None:
             return
         self._present[key] = size
+        self._used += size - reserved
         self.chunk_bytes = size
         # A file larger than announced may take the store over capacity: evict now, not at the next store.
         self._make_room(0)
@@ -130,8 +140,11 @@ class ChunkIndex:
     def fail_store(self, key: str, generation: int) -> None:
         if generation != self.generation:
             return
-        if self._pending.pop(key, None) is None:
+        reserved = self._pending.pop(key, None)
+        if reserved is None:
             self.drop(key)  # another tensor-parallel rank wrote it, this one could not: not stored
+        else:
+            self._used -= reserved
 
     def _make_room(self, size: int) -> bool:
         if self.used_bytes + size <= self.capacity_bytes:
@@ -148,7 +161,7 @@ class ChunkIndex:
         if free < size:
             return False
         for key in victims:
-            del self._present[key]
+            self._used -= self._present.pop(key)
             self._deletes.append(key)
         self.counters.add("chunks_evicted", len(victims))
         return True
@@ -165,6 +178,7 @@ class ChunkIndex:
         removed = len(self._present)
         self._present.clear()
         self._pending.clear()
+        self._used = 0
         self._deletes.clear()
         self._clear = True
         self.generation += 1
