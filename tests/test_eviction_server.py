@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.server,
 def test_eviction_keeps_the_store_under_capacity_and_serves_the_newest(kv_session, kv_settings, kv_backend):
     capacity_gb = float(kv_settings.disk_opts.get("capacity_gb", 64))
     if capacity_gb > 0.02:
-        pytest.skip("opt-in: run with --kv-disk-opt capacity_gb=0.01 (a store of nine 1 MB chunks)")
+        pytest.skip("opt-in: run with --kv-disk-opt capacity_gb=0.01 (a store of a few chunks)")
     kv_server = kv_session.endpoint(kv_backend)
     store = kvoffload_store_dir(kv_session.context(kv_backend)) / "rank0"
     prompts = [make_prompt(1025, 1.0, salt=f"{kv_session.salt}|evict|{i}", vocab_size=kv_settings.model.vocab_size).tokens

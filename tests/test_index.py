@@ -224,10 +224,14 @@ def test_reset_forgets_everything_and_ignores_writes_announced_before_it(tmp_pat
     first = prompt(1)
     meta = compute(side, "p", first, list(range(9)))
     assert side.reset_cache()
-    worker_reports(side, meta)  # those writes finish after the reset
-    assert index.lookup(chunk_keys(first, CHUNK, ROOT)) == 0 and index.used_bytes == 0
     after = side.build_connector_meta(new_step("x", [], []))
     assert after.clear and after.deletes == []
+    side.request_finished(request("p", first), [])
+    again = compute(side, "p2", first, list(range(9, 18)))  # the same chunks announced anew, not yet written
+    worker_reports(side, meta)  # the writes announced before the reset finish after it
+    assert index.lookup(chunk_keys(first, CHUNK, ROOT)) == 0 and index.used_bytes == 4 * SIZE  # reserved
+    worker_reports(side, again)
+    assert index.lookup(chunk_keys(first, CHUNK, ROOT)) == 4
 
 
 # -- the worker carries the index's decisions out on real files --------------------------------------------

@@ -59,7 +59,6 @@ class KVOffloadWorkerMeta(KVConnectorWorkerMetadata):
     dropped: list[str] = field(default_factory=list)
 
     def aggregate(self, other: "KVOffloadWorkerMeta") -> "KVOffloadWorkerMeta":
-        # Tensor-parallel ranks: a chunk any rank failed to write is not stored.
         for name in ("loads", "loaded", "stored", "store_failed", "dropped"):
             getattr(self, name).extend(getattr(other, name, []))
         return self

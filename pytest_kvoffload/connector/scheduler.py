@@ -197,11 +197,12 @@ class SchedulerSide:
             self.index.complete_load(req_id)  # sync loads are not reported in finished_recving
         for key in getattr(meta, "dropped", ()):
             self.index.drop(key)
-        # Failures first: with tensor parallelism a chunk one rank failed to write is not stored.
-        for key, _, generation in getattr(meta, "store_failed", ()):
-            self.index.fail_store(key, generation)
         for key, size, generation in getattr(meta, "stored", ()):
             self.index.complete_store(key, size, generation)
+        # With tensor parallelism a chunk one rank failed to write is not stored, whichever rank reports
+        # first and in whichever step (fail_store drops a chunk another rank completed).
+        for key, _, generation in getattr(meta, "store_failed", ()):
+            self.index.fail_store(key, generation)
         observe = getattr(self.admit, "observe", None)
         if observe is not None:
             for nbytes, seconds in getattr(meta, "loads", ()):
