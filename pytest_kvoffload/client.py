@@ -86,7 +86,8 @@ class RequestError(RuntimeError):
 
 
 def stream_completion(endpoint: Endpoint, prompt: list[int], max_tokens: int = 1, timeout: float = 600.0,
-                      cache_salt: str | None = None, logprobs: int | None = None) -> RequestResult:
+                      cache_salt: str | None = None, logprobs: int | None = None,
+                      kv_transfer_params: dict | None = None) -> RequestResult:
     """One streamed request. `cache_salt` (vLLM's per-request cache isolation) keeps it from sharing any
     cached prefix with requests of another salt: a recompute of the same prompt, whatever is cached."""
     body = {
@@ -101,6 +102,8 @@ def stream_completion(endpoint: Endpoint, prompt: list[int], max_tokens: int = 1
     }
     if cache_salt:
         body["cache_salt"] = cache_salt
+    if kv_transfer_params:
+        body["kv_transfer_params"] = kv_transfer_params  # for the connector (e.g. kvoffload's opt-out)
     if logprobs:
         # Without a tokenizer, tokens can only be named by id ("token_id:123").
         body.update(logprobs=logprobs, return_tokens_as_token_ids=True)

@@ -109,16 +109,18 @@ def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: in
 
 
 def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 20, repeats: int = 3,
-                threads: int = 1) -> ProbeResult:
+                threads: int = 1, cpus: set[int] | None = None, slice_us: int = 0) -> ProbeResult:
     """The connector's store alone, no engine: `threads` threads write fresh chunk files of `file_bytes`
     through ChunkStore (header, checksum, temporary name, rename), then read each back once.
 
     Between the raw probe (probe_disk) and the connector in a running server, it splits the gap in two:
     what one file per chunk costs (store / probe) and what sharing the machine with the engine costs
-    (connector / store).
+    (connector / store). `cpus` and `slice_us` place its threads as the connector's run: bound to the
+    engine worker's CPUs, with its scheduler slice (connector/sched.py).
     """
     import uuid
 
+    from .connector.sched import request_slice
     from .connector.store import HEADER_SIZE, ChunkStore, Layout
 
     folder = Path(folder)
@@ -137,6 +139,10 @@ def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 2
 
         def run(write: bool) -> float:
             def work(first: int) -> None:
+                if cpus:
+                    os.sched_setaffinity(0, cpus)  # this thread only
+                if slice_us:
+                    request_slice(slice_us)
                 buffer = store.new_buffer()
                 store.payload_view(buffer)[:] = 0xA5
                 for key in keys[first::threads]:

@@ -8,7 +8,10 @@ come from the source it is meant to come from.
 The drive is probed before and after the connector's rounds (a virtual disk drifts: the ratio is taken
 against their mean and their difference is printed), and the store alone (probe_store: chunk files
 written and read by ChunkStore, no engine) is measured between them, so that the gap to the drive splits
-into what the file format costs and what sharing two cores with the engine costs.
+into what the file format costs and what sharing the machine with the engine costs. Where the engine binds
+its worker to some cores (vLLM's CPU build: the connector's I/O threads inherit that binding) the store
+alone is measured on those cores too, and the CPU time the server's processes take during the rounds is
+printed beside the figures (cpu_use.py).
 """
 
 import time
@@ -18,7 +21,10 @@ from tabulate import tabulate
 
 from pytest_kvoffload.backends import kvoffload_store_dir
 from pytest_kvoffload.client import measure
+from pytest_kvoffload.connector.sched import MIN_SLICE_US
 from pytest_kvoffload.connector.store import HEADER_SIZE
+from pytest_kvoffload.cpu_use import describe, narrowest_affinity, sample, usage
+from pytest_kvoffload.engine_load import EngineLoad
 from pytest_kvoffload.probe import probe_disk, probe_store
 from pytest_kvoffload.progress import Tracker
 from pytest_kvoffload.prompts import expected_cached, make_prompt
@@ -27,21 +33,26 @@ from pytest_kvoffload.stats import summarize
 pytestmark = pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
 
 TOTALS = ("bytes_read", "useful_bytes_read", "bytes_written", "useful_bytes_written", "load_wall_seconds",
-          "save_wall_seconds", "load_seconds", "save_seconds", "save_copy_seconds", "save_wait_seconds", "save_first_wait_seconds", "save_batches", "chunks_read", "chunks_written")
+          "save_wall_seconds", "load_seconds", "save_seconds", "save_copy_seconds", "save_wait_seconds", "save_first_wait_seconds", "save_batches", "chunks_read", "chunks_written",
+          "io_threads_short_slice")
 
 
-def totals(endpoint) -> dict:
+# What the store-alone-beside-the-engine pass checks did (not) move.
+QUIET = ("chunks_read", "chunks_written", "requests_opted_out")
+
+
+def totals(endpoint, names=TOTALS) -> dict:
     extra = endpoint.metrics().extra
-    return {name: extra.get(f"kvoffload:{name}_total", 0.0) for name in TOTALS}
+    return {name: extra.get(f"kvoffload:{name}_total", 0.0) for name in names}
 
 
-def settled_totals(endpoint, quiet_s: float = 1.0, deadline_s: float = 30.0) -> dict:
+def settled_totals(endpoint, quiet_s: float = 1.0, deadline_s: float = 30.0, names=TOTALS) -> dict:
     """Totals once they stop moving: counters reach /metrics with the engine's next stats update."""
     end = time.monotonic() + deadline_s
-    last = totals(endpoint)
+    last = totals(endpoint, names)
     while time.monotonic() < end:
         time.sleep(quiet_s)
-        now = totals(endpoint)
+        now = totals(endpoint, names)
         if now == last:
             return now
         last = now
@@ -60,9 +71,31 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     probe_bytes = max(256 << 20, 64 * chunk_file)
     before = probe_disk(store, request_bytes=chunk_file, total_bytes=probe_bytes, threads=threads)
     alone = probe_store(store, chunk_file, total_bytes=probe_bytes, threads=threads)
+    pgid = getattr(kv_server, "pgid", None)
+    worker_cpus = narrowest_affinity(pgid)
+    # As the connector's I/O threads run: on the worker's CPUs, with the connector's scheduler slice.
+    slice_us = int(kv_settings.disk_opts.get("io_slice_us", MIN_SLICE_US))
+    alone_bound = (probe_store(store, chunk_file, total_bytes=probe_bytes, threads=threads, cpus=worker_cpus,
+                               slice_us=slice_us) if worker_cpus else None)
+    # The store alone again while the engine does the rounds' work (fresh prompts of the same lengths, one
+    # after another) with the connector told to keep out (engine_load.py): what the machine leaves a drive
+    # writer beside vLLM, without the connector's code. Not bound to the worker's CPUs: there, a thread of
+    # another process got no CPU at all beside a busy worker (Linux 6.18), while the worker's own threads,
+    # the connector's, kept pace (docs/notes/2026-11-30-late.md).
+    quiet = settled_totals(kv_server, names=QUIET)
+    with EngineLoad(kv_server, kv_session.lengths, kv_settings.model.vocab_size) as load:
+        beside = probe_store(store, chunk_file, total_bytes=probe_bytes, threads=threads, slice_us=slice_us)
+    assert not load.errors and load.requests > 0, f"the engine load failed: {load.errors[:1]}"
+    moved = {k: v - quiet[k] for k, v in settled_totals(kv_server, names=QUIET).items() if v != quiet[k]}
+    # The control: requests_opted_out must have moved (the requests reached the connector and kept out),
+    # the chunk counters must not (no I/O of the connector's in the figure).
+    assert moved.pop("requests_opted_out", 0) > 0 and not moved, f"the connector moved chunks beside the store: {moved}"
+    # Capped: the store got (almost) no CPU while the engine computed; the figure is then not "beside".
+    beside_ok = not load.capped
 
     kv_server.reset_prefix_cache(external=True)
     start = settled_totals(kv_server)
+    cpu_start = sample(pgid)
     rows, ttft = [], {}
     tracker = Tracker(kv_session.progress, f"disk speed on {kv_backend.name}",
                       len(kv_session.lengths) * kv_settings.rounds, "lengths x rounds",
@@ -88,6 +121,7 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
         ttft[length] = p50
         rows.append([length, f"{p50['cold'] * 1e3:,.0f}", f"{p50['device'] * 1e3:,.0f}", f"{p50['disk'] * 1e3:,.0f}",
                      f"{p50['disk'] / p50['device']:.2f}", f"{p50['cold'] / p50['disk']:.2f}"])
+    cpu_end = sample(pgid)
     end = settled_totals(kv_server)
     after = probe_disk(store, request_bytes=chunk_file, total_bytes=probe_bytes, threads=threads)
     d = {k: end[k] - start[k] for k in TOTALS}
@@ -96,6 +130,10 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
                  "write": d["bytes_written"] / d["save_wall_seconds"] / 1e9 if d["save_wall_seconds"] else 0.0}
     figures = {
         "probe": before.to_dict(), "probe_after": after.to_dict(), "store_alone": alone.to_dict(),
+        "store_alone_on_worker_cpus": alone_bound.to_dict() if alone_bound else None,
+        "store_alone_beside_engine": beside.to_dict() if beside_ok else None, "engine_load_requests": load.requests,
+        "worker_cpus": sorted(worker_cpus) if worker_cpus else None,
+        "cpu_use_during_rounds": usage(cpu_start, cpu_end) if cpu_start and cpu_end else None,
         "ttft_p50_s": {str(k): v for k, v in ttft.items()}, "counters": d,
         "read_amplification": d["bytes_read"] / d["useful_bytes_read"] if d["useful_bytes_read"] else None,
         "write_amplification": d["bytes_written"] / d["useful_bytes_written"] if d["useful_bytes_written"] else None,
@@ -108,16 +146,23 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
         figures[f"{way}_vs_probe"] = delivered[way] / drive if drive else None
         figures[f"{way}_store_vs_probe"] = store_gbps / drive if drive else None
         figures[f"{way}_vs_store"] = delivered[way] / store_gbps if store_gbps else None
+        bound_gbps = getattr(alone_bound, f"{way}_gbps") if alone_bound else store_gbps
+        beside_gbps = getattr(beside, f"{way}_gbps") if beside_ok else None
+        figures[f"{way}_vs_store_beside_engine"] = delivered[way] / beside_gbps if beside_gbps else None
         figures[f"{way}_probe_drift"] = (getattr(after, f"{way}_gbps") / getattr(before, f"{way}_gbps") - 1
                                          if getattr(before, f"{way}_gbps") else None)
         summary_rows.append([
             way, f"{delivered[way]:.2f}", f"{store_gbps:.2f}",
             f"{getattr(before, f'{way}_gbps'):.2f} / {getattr(after, f'{way}_gbps'):.2f}",
             f"{figures[f'{way}_vs_probe'] or 0:.2f}", f"{figures[f'{way}_store_vs_probe'] or 0:.2f}",
-            f"{figures[f'{way}_vs_store'] or 0:.2f}", f"{figures[f'{way}_amplification'] or 0:.3f}"])
+            f"{figures[f'{way}_vs_store'] or 0:.2f}",
+            f"{bound_gbps:.2f} / {beside_gbps:.2f}" if beside_gbps else f"{bound_gbps:.2f} / starved",
+            f"{figures[f'{way}_vs_store_beside_engine'] or 0:.2f}",
+            f"{figures[f'{way}_amplification'] or 0:.3f}"])
     summary = tabulate(summary_rows, headers=["", "connector GB/s", "store alone GB/s", "probe before / after",
                                               "connector/probe", "store/probe", "connector/store",
-                                              "bytes per useful byte"], disable_numparse=True)
+                                              "store on worker CPUs / beside engine GB/s",
+                                              "connector/store beside engine", "bytes per useful byte"], disable_numparse=True)
     # Where a save's time goes, per chunk and I/O thread: the gather from the KV cache and the file write in
     # the engine, against the same write by the store alone (threads x a chunk over its bandwidth).
     per_chunk = {
@@ -137,8 +182,15 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
                  f"{shown['load_read_ms']} (alone {shown['store_alone_read_ms']})")
     table = tabulate(rows, headers=["length", "cold ms", "device-hit ms", "disk-hit ms", "disk/device", "cold/disk"],
                      disable_numparse=True)
+    cpu = figures["cpu_use_during_rounds"]
+    placement = (f"the worker is bound to CPUs {sorted(worker_cpus)} (its I/O threads with it); "
+                 if worker_cpus else "")
+    # A total, not a difference: I/O threads start with the server's first loads and saves.
+    machine = (f"during the rounds {placement}{describe(cpu)}; I/O threads with a short slice (io_slice_us): "
+               f"{end['io_threads_short_slice']:.0f}\n" if cpu else "")
     text = (f"drive under {store}: probe before {before.describe()}; after {after.describe()}\n"
-            f"(shares are of the mean of the two probes; store alone: {alone.describe()})\n{summary}\n{breakdown}\n\n"
+            f"(shares are of the mean of the two probes; store alone: {alone.describe()})\n{summary}\n{breakdown}\n"
+            f"{machine}\n"
             f"TTFT p50 over {kv_settings.rounds} rounds, fully cached prompts\n{table}")
     kv_session.add_benchmark("kvoffload-disk speed", text, figures)
     assert d["useful_bytes_read"] > 0 and d["useful_bytes_written"] > 0

@@ -232,3 +232,17 @@ def test_two_concurrent_requests_sharing_a_prefix_while_it_loads(kv_server, kv_s
     assert total(kv_server, "chunks_read") == read_before + 6
     assert_same_answer(a, cold_answer(kv_server, first.tokens, "one"))
     assert_same_answer(b, cold_answer(kv_server, second.tokens, "two"))
+
+
+def test_a_request_that_opts_out_neither_writes_nor_reads_the_store(kv_server, prompts):
+    from pytest_kvoffload.engine_load import OPT_OUT
+
+    tokens = prompts(1024, 1.0, "opt-out").tokens
+    written, opted = total(kv_server, "chunks_written"), total(kv_server, "requests_opted_out")
+    stream_completion(kv_server, tokens, kv_transfer_params=OPT_OUT)
+    assert wait_for_total(kv_server, "requests_opted_out", opted + 1) == opted + 1
+    kv_server.reset_prefix_cache(external=False)
+    again = measure(kv_server, tokens)  # not opted out: a miss (nothing was saved), and this one is saved
+    assert sum(again.cached_by_source.values()) == 0, again.cached_by_source
+    # The control: the same prompt without the opt-out writes its 4 chunks.
+    assert wait_for_total(kv_server, "chunks_written", written + 4) == written + 4

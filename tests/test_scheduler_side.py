@@ -75,3 +75,16 @@ def test_one_admission_decision_per_request(tmp_path):
     s.request_finished(request("p", 1100), [])
     s.get_num_new_matched_tokens(request("p", 1100), 0)
     assert len(admit.calls) == 2
+
+
+def test_a_request_that_opts_out_is_neither_loaded_nor_saved(tmp_path):
+    s = side(tmp_path, admit=None)
+    s.counters = None
+    plain, skip = request("plain", 1024), request("skip", 1024)
+    skip.kv_transfer_params = {"kvoffload": "skip"}
+    # The plain request is the control: everything is stored, so it loads, and its chunks are saved.
+    assert s.get_num_new_matched_tokens(plain, 0)[0] > 0
+    assert s.get_num_new_matched_tokens(skip, 0) == (0, False)
+    meta = s.build_connector_meta(step(new=[("plain", 1024, 0, list(range(8))), ("skip", 1024, 0, list(range(8, 16)))],
+                                       scheduled={"plain": 1024, "skip": 1024}))
+    assert {job.req_id for job in meta.saves} == {"plain"}

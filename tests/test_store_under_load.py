@@ -20,3 +20,9 @@ def test_prints_idle_and_loaded_figures_and_leaves_nothing(tmp_path):
 def test_a_missing_folder_is_one_line(tmp_path):
     result = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "no")], capture_output=True, text=True)
     assert result.returncode == 2 and result.stderr.strip().count("\n") == 0 and "not a folder" in result.stderr
+
+
+def test_bad_cpus_are_one_line(tmp_path):
+    result = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--cpus", "999"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0 and "--cpus 999" in result.stderr

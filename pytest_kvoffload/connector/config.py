@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .sched import MAX_SLICE_US, MIN_SLICE_US
+
 DEFAULT_CHUNK_TOKENS = 256
 
 
@@ -48,7 +50,7 @@ SWITCH_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False
 
 # Every kv_connector_extra_config key the connector reads.
 OPTIONS = frozenset({"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps",
-                     "read_latency_ms", "calibration", "load_mode", "admission", "fault"})
+                     "read_latency_ms", "calibration", "load_mode", "admission", "fault", "io_slice_us"})
 
 
 def default_chunk_tokens(block_size: int) -> int:
@@ -62,6 +64,8 @@ class ConnectorConfig:
     capacity_bytes: int = 64 << 30
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     io_threads: int = 2
+    # The I/O threads' scheduler slice (sched.py): the kernel's shortest by default; 0 keeps its default.
+    io_slice_us: int = MIN_SLICE_US
     direct_io: bool = True  # O_DIRECT where the file system allows it; buffered + page drop otherwise
     read_bytes_per_s: float | None = None  # emulate a slower drive
     read_latency_s: float = 0.0  # and its access latency: each load's reads start this much later
@@ -76,8 +80,8 @@ class ConnectorConfig:
 
     @classmethod
     def from_extra(cls, extra: dict, block_size: int) -> "ConnectorConfig":
-        """Keys: store_dir, capacity_gb, chunk_tokens, io_threads, direct_io, read_gbps, calibration, load_mode,
-        admission."""
+        """Keys: store_dir, capacity_gb, chunk_tokens, io_threads, io_slice_us, direct_io, read_gbps, calibration,
+        load_mode, admission."""
         known = OPTIONS
         unknown = set(extra) - known
         if unknown:
@@ -113,12 +117,17 @@ class ConnectorConfig:
         fault = extra.get("fault") or None
         if fault is not None and fault not in FAULTS:
             raise ConnectorConfigError(f"kvoffload connector: fault {fault!r} must be one of {', '.join(FAULTS)}")
+        slice_us = _number(extra, "io_slice_us", int, MIN_SLICE_US, "a whole number of microseconds")
+        if slice_us and not MIN_SLICE_US <= slice_us <= MAX_SLICE_US:
+            raise ConnectorConfigError(f"kvoffload connector: io_slice_us {slice_us} must be 0 (the kernel's "
+                                       f"default) or {MIN_SLICE_US} to {MAX_SLICE_US}")
         direct = _switch(extra, "direct_io", True)
         return cls(
             store_dir=Path(extra["store_dir"]),
             capacity_bytes=int(capacity * 1e9),
             chunk_tokens=chunk,
             io_threads=threads,
+            io_slice_us=slice_us,
             direct_io=bool(direct),
             read_bytes_per_s=float(read_gbps) * 1e9 if read_gbps is not None else None,
             read_latency_s=latency_ms / 1e3,

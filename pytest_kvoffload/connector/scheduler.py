@@ -18,6 +18,14 @@ from .metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
 log = logging.getLogger("pytest_kvoffload.connector")
 
 
+def opted_out(request) -> bool:
+    """A request that asks to be neither saved nor loaded: "kv_transfer_params": {"kvoffload": "skip"} in
+    its body (vLLM passes kv_transfer_params on to connectors). For one-off prompts that should not fill
+    the store, and for measuring the engine's load without the connector's I/O (suites/test_disk_speed.py)."""
+    params = getattr(request, "kv_transfer_params", None)
+    return isinstance(params, dict) and params.get("kvoffload") == "skip"
+
+
 @dataclass
 class _Tracked:
     """A request the scheduler may save chunks of."""
@@ -67,7 +75,11 @@ class SchedulerSide:
         keys = self._keys.get(request.request_id)
         if keys is None:
             root = request_key_root(self.key_root, request)
-            if root is None:
+            if opted_out(request):
+                keys = []
+                if self.counters is not None:
+                    self.counters.add("requests_opted_out")
+            elif root is None:
                 keys = []
                 if self.counters is not None:
                     self.counters.add("requests_not_keyed")

@@ -24,6 +24,7 @@ import torch
 from .config import ConnectorConfig
 from .metadata import KVOffloadMetadata, KVOffloadWorkerMeta, LoadJob, SaveJob
 from .counters import Counters
+from .sched import request_slice
 from .store import ALIGN, HEADER_SIZE, ChunkStore, Layout, padded
 
 log = logging.getLogger("pytest_kvoffload.connector")
@@ -40,8 +41,10 @@ class WorkerSide:
         self.store: ChunkStore | None = None
         # Loads and saves get threads of their own: a request waits for its load, nobody waits for a save,
         # so a load must never queue behind a burst of another request's saves.
-        self.load_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvoffload-load")
-        self.save_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvoffload-save")
+        self.load_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvoffload-load",
+                                            initializer=self._start_io_thread)
+        self.save_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvoffload-save",
+                                            initializer=self._start_io_thread)
         self._loads: dict[str, tuple[LoadJob, list[Future], float]] = {}
         self._saves: dict[str, list[Future]] = {}
         self._save_batches: list[tuple[float, list[Future]]] = []
@@ -206,6 +209,11 @@ class WorkerSide:
         return failed
 
     # -- I/O threads ------------------------------------------------------------------------------------
+    def _start_io_thread(self) -> None:
+        """Each I/O thread, as it starts: a short slice, so it gets its core back as soon as its I/O is done."""
+        if self.config.io_slice_us and request_slice(self.config.io_slice_us):
+            self.counters.add("io_threads_short_slice")
+
     def _views(self, buffer: np.ndarray) -> torch.Tensor:
         """The payload of a chunk buffer as [layers, blocks, *block_shape] in the cache's dtype."""
         payload = torch.from_numpy(self.store.payload_view(buffer))

@@ -1,0 +1,66 @@
+"""A short scheduler slice for the connector's I/O threads.
+
+An I/O thread runs for microseconds at a time: it starts a read or write, sleeps until the drive is done,
+and wakes to hand the chunk on. On vLLM's CPU build it shares its core with the forward (the worker's
+threads inherit its OpenMP binding), and Linux's EEVDF scheduler lets a running task finish its slice
+(1.4 ms on our 2-core VM) before a woken one gets the core, so each chunk waited up to that long after
+its I/O completed. Since Linux 6.12 a thread may ask for a shorter slice (sched_setattr's sched_runtime
+for a normal task), and a shorter slice preempts a longer one on wake-up. No privilege is needed and the
+thread's share of the CPU does not change: it runs sooner, not more. Where the kernel or platform lacks
+this, the call is refused or ignored and nothing else changes.
+
+Measured (docs/notes/2026-11-30-late.md): moving the I/O threads to the core vLLM keeps for its scheduler
+instead made every figure worse (that core is held by the engine core's busy-wait).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import struct
+
+# struct sched_attr, first version (48 bytes): size, policy, flags, nice, priority, runtime, deadline, period.
+_ATTR = struct.Struct("<IIQiIQQQ")
+_SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}  # sched_setattr, sched_getattr
+SCHED_OTHER = 0
+# The kernel clamps a normal task's slice to 0.1 to 100 ms.
+MIN_SLICE_US, MAX_SLICE_US = 100, 100_000
+
+
+def _syscalls() -> tuple[int, int] | None:
+    if platform.system() != "Linux":
+        return None
+    return _SYSCALLS.get(platform.machine())
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def current_slice_ns() -> int | None:
+    """The calling thread's scheduler slice in ns (sched_getattr), or None where it cannot be read."""
+    numbers = _syscalls()
+    if numbers is None:
+        return None
+    buffer = ctypes.create_string_buffer(_ATTR.size)
+    if _libc().syscall(numbers[1], 0, buffer, _ATTR.size, 0) != 0:
+        return None
+    return _ATTR.unpack(buffer.raw)[5]
+
+
+def request_slice(us: int) -> bool:
+    """Ask for a `us`-microsecond slice for the calling thread only; True if the kernel took it.
+
+    Only for a thread with the normal policy: the call would otherwise replace its policy."""
+    numbers = _syscalls()
+    if numbers is None or os.sched_getscheduler(0) != SCHED_OTHER:
+        return False
+    nice = os.getpriority(os.PRIO_PROCESS, 0)  # 0: this thread; the call sets nice too, so keep it
+    attr = ctypes.create_string_buffer(_ATTR.pack(_ATTR.size, SCHED_OTHER, 0, nice, 0, us * 1000, 0, 0), _ATTR.size)
+    if _libc().syscall(numbers[0], 0, attr, 0) != 0:
+        return False
+    return current_slice_ns() == us * 1000
+
+
+__all__ = ["MIN_SLICE_US", "MAX_SLICE_US", "current_slice_ns", "request_slice"]
