@@ -77,22 +77,6 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     slice_us = int(kv_settings.disk_opts.get("io_slice_us", MIN_SLICE_US))
     alone_bound = (probe_store(store, chunk_file, total_bytes=probe_bytes, threads=threads, cpus=worker_cpus,
                                slice_us=slice_us) if worker_cpus else None)
-    # The store alone again while the engine does the rounds' work (fresh prompts of the same lengths, one
-    # after another) with the connector told to keep out (engine_load.py): what the machine leaves a drive
-    # writer beside vLLM, without the connector's code. Not bound to the worker's CPUs: there, a thread of
-    # another process got no CPU at all beside a busy worker (Linux 6.18), while the worker's own threads,
-    # the connector's, kept pace (docs/notes/2026-11-30-late.md).
-    quiet = settled_totals(kv_server, names=QUIET)
-    with EngineLoad(kv_server, kv_session.lengths, kv_settings.model.vocab_size) as load:
-        beside = probe_store(store, chunk_file, total_bytes=probe_bytes, threads=threads, slice_us=slice_us)
-    assert not load.errors and load.requests > 0, f"the engine load failed: {load.errors[:1]}"
-    moved = {k: v - quiet[k] for k, v in settled_totals(kv_server, names=QUIET).items() if v != quiet[k]}
-    # The control: requests_opted_out must have moved (the requests reached the connector and kept out),
-    # the chunk counters must not (no I/O of the connector's in the figure).
-    assert moved.pop("requests_opted_out", 0) > 0 and not moved, f"the connector moved chunks beside the store: {moved}"
-    # Capped: the store got (almost) no CPU while the engine computed; the figure is then not "beside".
-    beside_ok = not load.capped
-
     kv_server.reset_prefix_cache(external=True)
     start = settled_totals(kv_server)
     cpu_start = sample(pgid)
@@ -124,6 +108,22 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     cpu_end = sample(pgid)
     end = settled_totals(kv_server)
     after = probe_disk(store, request_bytes=chunk_file, total_bytes=probe_bytes, threads=threads)
+    # After the rounds (its writes would flush what the host still caches of their chunks): the store alone
+    # again while the engine does the rounds' work (fresh prompts of the same lengths, one after another)
+    # with the connector told to keep out (engine_load.py): what the machine leaves a drive writer beside
+    # vLLM, without the connector's code. Not bound to the worker's CPUs: there, a thread of another
+    # process got no CPU at all beside a busy worker (Linux 6.18), while the worker's own threads, the
+    # connector's, kept pace (docs/notes/2026-11-30-late.md).
+    quiet = settled_totals(kv_server, names=QUIET)
+    with EngineLoad(kv_server, kv_session.lengths, kv_settings.model.vocab_size) as load:
+        beside = probe_store(store, chunk_file, total_bytes=probe_bytes, threads=threads, slice_us=slice_us)
+    assert not load.errors and load.requests > 0, f"the engine load failed: {load.errors[:1]}"
+    moved = {k: v - quiet[k] for k, v in settled_totals(kv_server, names=QUIET).items() if v != quiet[k]}
+    # The control: requests_opted_out must have moved (the requests reached the connector and kept out),
+    # the chunk counters must not (no I/O of the connector's in the figure).
+    assert moved.pop("requests_opted_out", 0) > 0 and not moved, f"the connector moved chunks beside the store: {moved}"
+    # Capped: the store got (almost) no CPU while the engine computed; the figure is then not "beside".
+    beside_ok = not load.capped
     d = {k: end[k] - start[k] for k in TOTALS}
 
     delivered = {"read": d["bytes_read"] / d["load_wall_seconds"] / 1e9 if d["load_wall_seconds"] else 0.0,
