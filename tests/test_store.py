@@ -151,6 +151,27 @@ def test_a_vanished_folder_is_recreated_and_saves_resume(tmp_path):
     assert not store.path(KEY).exists() and root.is_dir()
 
 
+def test_a_save_that_finds_the_folder_gone_lands_when_another_thread_made_it_again(tmp_path, monkeypatch):
+    # Two I/O threads save as the folder vanishes: both fail to open, one makes the folder again first.
+    counters = Counters()
+    root = tmp_path / "store"
+    store = make_store(root, counters=counters)
+    root.rmdir()
+    real_open = os.open
+
+    def open_while_another_thread_recreates(path, *args, **kwargs):
+        try:
+            return real_open(path, *args, **kwargs)
+        except FileNotFoundError:
+            root.mkdir(exist_ok=True)  # meanwhile, the other thread made it again
+            raise
+
+    monkeypatch.setattr(os, "open", open_while_another_thread_recreates)
+    assert store.write(OTHER, filled(store))
+    c = counters.drain()
+    assert "writes_declined" not in c and "store_recreated" not in c  # the other thread counts it
+
+
 def test_a_folder_that_cannot_be_recreated_declines_saves(tmp_path, monkeypatch):
     counters = Counters()
     root = tmp_path / "store"

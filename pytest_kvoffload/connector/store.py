@@ -157,8 +157,11 @@ class ChunkStore:
         buffer[:len(header)] = np.frombuffer(header, dtype=np.uint8)
         started = time.perf_counter()
         error = self._write_file(key, buffer, size)
-        if error is not None and error.errno == errno.ENOENT and self._recreate():
-            error = self._write_file(key, buffer, size)  # the folder was removed under us: once more
+        if error is not None and error.errno == errno.ENOENT:
+            # The folder was removed under us: make it again (unless another I/O thread just did) and write
+            # once more. Failing that, the second error declines the save.
+            self._recreate()
+            error = self._write_file(key, buffer, size)
         if error is not None:
             self.counters.add("writes_declined")
             kind = {errno.ENOSPC: "full", errno.EROFS: "read-only", errno.EACCES: "read-only",
@@ -197,18 +200,16 @@ class ChunkStore:
             return exc
         return None
 
-    def _recreate(self) -> bool:
+    def _recreate(self) -> None:
         """The store folder vanished (a cleanup job, an operator): make it again, empty, and carry on.
-        The index still lists the lost chunks; their loads fail as missing and it forgets them."""
-        if self.root.exists():
-            return False
+        Counted and logged by the one thread that makes it. The index still lists the lost chunks; their
+        loads fail as missing and it forgets them."""
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            return False
+            self.root.mkdir(parents=True)
+        except OSError:  # FileExistsError: another I/O thread made it first; otherwise the retry fails too
+            return
         self.counters.add("store_recreated")
         log.warning("kvoffload: store folder %s vanished; recreated it empty", self.root)
-        return True
 
     # -- reading ----------------------------------------------------------------------------------
     def read(self, key: str, buffer: np.ndarray) -> bool:
