@@ -87,9 +87,9 @@ def run_client(url: str, model: str, lengths: list[int], vocab_size: int, max_s:
     return 0
 
 
+__all__ = ["EngineLoad", "OPT_OUT", "run_client"]
+
+
 if __name__ == "__main__":
     url, model, lengths, vocab, max_s = sys.argv[1:6]
     sys.exit(run_client(url, model, [int(n) for n in lengths.split(",")], int(vocab), float(max_s)))
-
-
-__all__ = ["EngineLoad", "OPT_OUT", "run_client"]
