@@ -87,6 +87,52 @@ def describe(use: dict) -> str:
             f"{use['server_cores']:.2f} cores ({parts})")
 
 
+@dataclass(frozen=True)
+class ThreadTimes:
+    """What the scheduler gave a set of threads (/proc/<pid>/task/<tid>/schedstat, summed): time on a CPU,
+    and time runnable but waiting for one (run_delay: the core was another task's)."""
+    threads: int
+    on_cpu_s: float
+    waiting_s: float
+
+    def since(self, earlier: "ThreadTimes") -> "ThreadTimes":
+        return ThreadTimes(self.threads, self.on_cpu_s - earlier.on_cpu_s, self.waiting_s - earlier.waiting_s)
+
+
+def thread_times(pgid: int | None, name: str) -> ThreadTimes | None:
+    """Scheduler times of the group's threads named `name` (as the kernel shows it), or None where there
+    are none or /proc cannot tell. A thread that exits between two samples takes its times with it: the
+    connector's I/O threads live as long as the server."""
+    if pgid is None:
+        return None
+    threads, on_cpu, waiting = 0, 0, 0
+    for pid in group_members(pgid):
+        try:
+            tasks = list((PROC / str(pid) / "task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                if (task / "comm").read_text().strip() != name:
+                    continue
+                ran_ns, waited_ns, _ = (int(v) for v in (task / "schedstat").read_text().split())
+            except (OSError, ValueError):
+                continue
+            threads += 1
+            on_cpu += ran_ns
+            waiting += waited_ns
+    return ThreadTimes(threads, on_cpu / 1e9, waiting / 1e9) if threads else None
+
+
+def own_thread_times() -> tuple[float, float] | None:
+    """The calling thread's (seconds on a CPU, seconds runnable but waiting for one), or None off Linux."""
+    try:
+        ran_ns, waited_ns, _ = (int(v) for v in (PROC / "thread-self" / "schedstat").read_text().split())
+    except (OSError, ValueError):
+        return None
+    return ran_ns / 1e9, waited_ns / 1e9
+
+
 def narrowest_affinity(pgid: int | None) -> set[int] | None:
     """The smallest CPU set any of the group's processes is bound to (the CPU build's worker), or None
     where that is every CPU this process may use (nothing bound: a GPU server)."""
@@ -104,4 +150,5 @@ def narrowest_affinity(pgid: int | None) -> set[int] | None:
     return set(narrowest) if narrowest and narrowest < mine else None
 
 
-__all__ = ["CpuSample", "group_members", "sample", "usage", "describe", "narrowest_affinity"]
+__all__ = ["CpuSample", "ThreadTimes", "group_members", "sample", "usage", "describe", "narrowest_affinity",
+           "own_thread_times", "thread_times"]

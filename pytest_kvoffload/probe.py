@@ -27,6 +27,9 @@ class ProbeResult:
     threads: int = 1
     write_range: tuple[float, float] = (0.0, 0.0)  # min, max over passes
     read_range: tuple[float, float] = (0.0, 0.0)
+    # probe_store only: per request and thread, what the scheduler gave the threads (cpu_use.own_thread_times)
+    write_on_cpu_ms: float | None = None
+    write_waiting_for_cpu_ms: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -121,6 +124,7 @@ def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 2
     import uuid
 
     from .connector.sched import request_slice
+    from .cpu_use import own_thread_times
     from .connector.store import HEADER_SIZE, ChunkStore, Layout
 
     folder = Path(folder)
@@ -130,6 +134,7 @@ def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 2
     count = max(threads, total_bytes // layout.file_bytes)
     writes: list[float] = []
     reads: list[float] = []
+    write_times: list[tuple[float, float]] = []  # per write pass and thread: (on a CPU, waiting for one), s
     direct = True
     for n in range(repeats):
         root = folder / f".kvoffload-store-probe-{os.getpid()}-{n}"
@@ -145,10 +150,14 @@ def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 2
                     request_slice(slice_us)
                 buffer = store.new_buffer()
                 store.payload_view(buffer)[:] = 0xA5
+                begun = own_thread_times()
                 for key in keys[first::threads]:
                     ok = store.write(key, buffer) if write else store.read(key, buffer)
                     if not ok:
                         raise OSError(f"probe store: chunk {'write' if write else 'read'} failed under {root}")
+                ended = own_thread_times()
+                if write and begun and ended:
+                    write_times.append((ended[0] - begun[0], ended[1] - begun[1]))
 
             started = time.perf_counter()
             with ThreadPoolExecutor(max_workers=threads) as pool:
@@ -164,5 +173,88 @@ def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 2
                 root.rmdir()
             except OSError:
                 pass
+    timed = repeats * count if len(write_times) == repeats * threads else 0
     return ProbeResult(str(folder), layout.file_bytes, count * layout.file_bytes, direct, statistics.median(writes),
-                       statistics.median(reads), threads, (min(writes), max(writes)), (min(reads), max(reads)))
+                       statistics.median(reads), threads, (min(writes), max(writes)), (min(reads), max(reads)),
+                       1e3 * sum(t[0] for t in write_times) / timed if timed else None,
+                       1e3 * sum(t[1] for t in write_times) / timed if timed else None)
+
+
+@dataclass
+class BurstResult:
+    """The store alone writing in bursts: `burst` chunks handed to `threads` threads at once, then `gap_s`
+    of nothing, timed as the connector times its saves (bytes over the union of the bursts' walls)."""
+    path: str
+    file_bytes: int
+    burst: int
+    gap_s: float
+    threads: int
+    write_gbps: float  # median over passes
+    write_range: tuple[float, float]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return (f"write {self.write_gbps:.2f} GB/s ({self.write_range[0]:.2f} to {self.write_range[1]:.2f}) in "
+                f"bursts of {self.burst} chunks {self.gap_s * 1e3:.0f} ms apart, {self.threads} thread(s)")
+
+
+def probe_store_bursts(folder: str | Path, file_bytes: int, burst: int, gap_s: float, total_bytes: int = 128 << 20,
+                       repeats: int = 3, threads: int = 1, cpus: set[int] | None = None,
+                       slice_us: int = 0) -> BurstResult:
+    """The store alone in the connector's save pattern, no engine: a step's saves arrive together and the
+    drive then idles until the next step's. On a virtual disk each burst's start and end cost a share of
+    the bandwidth a continuous stream (probe_store) gets, whatever code writes them; this measures that
+    share so the connector's write figure can be told apart from it. Fresh chunk files, removed after."""
+    import threading
+    import uuid
+
+    from .connector.sched import request_slice
+    from .connector.store import HEADER_SIZE, ChunkStore, Layout
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise NotADirectoryError(f"probe store: {folder} is not a folder; pass the folder on the drive to measure")
+    burst = max(1, burst)
+    layout = Layout(layers=1, blocks=1, block_bytes=max(ALIGN, padded(file_bytes) - HEADER_SIZE))
+    bursts = max(1, total_bytes // (burst * layout.file_bytes))
+    local = threading.local()
+
+    def start() -> None:
+        if cpus:
+            os.sched_setaffinity(0, cpus)  # this thread only
+        if slice_us:
+            request_slice(slice_us)
+
+    writes: list[float] = []
+    for n in range(repeats):
+        root = folder / f".kvoffload-burst-probe-{os.getpid()}-{n}"
+        store = ChunkStore(root, "probe", layout)
+
+        def write(key: str) -> float:
+            buffer = getattr(local, "buffer", None)
+            if buffer is None or len(buffer) != layout.file_bytes:
+                buffer = local.buffer = store.new_buffer()
+                store.payload_view(buffer)[:] = 0xA5
+            if not store.write(key, buffer):
+                raise OSError(f"probe store: chunk write failed under {root}")
+            return time.perf_counter()
+
+        busy = 0.0
+        try:
+            with ThreadPoolExecutor(max_workers=threads, initializer=start) as pool:
+                for _ in range(bursts):
+                    started = time.perf_counter()
+                    ends = list(pool.map(write, [uuid.uuid4().hex for _ in range(burst)]))
+                    busy += max(ends) - started
+                    time.sleep(gap_s)
+            writes.append(bursts * burst * layout.file_bytes / busy / 1e9)
+        finally:
+            store.clear()
+            try:
+                root.rmdir()
+            except OSError:
+                pass
+    return BurstResult(str(folder), layout.file_bytes, burst, gap_s, threads, statistics.median(writes),
+                       (min(writes), max(writes)))

@@ -23,9 +23,10 @@ from pytest_kvoffload.backends import kvoffload_store_dir
 from pytest_kvoffload.client import measure
 from pytest_kvoffload.connector.sched import MIN_SLICE_US
 from pytest_kvoffload.connector.store import HEADER_SIZE
-from pytest_kvoffload.cpu_use import describe, narrowest_affinity, sample, usage
+from pytest_kvoffload.connector.worker import LOAD_THREADS, SAVE_THREADS
+from pytest_kvoffload.cpu_use import describe, narrowest_affinity, sample, thread_times, usage
 from pytest_kvoffload.engine_load import EngineLoad
-from pytest_kvoffload.probe import probe_disk, probe_store
+from pytest_kvoffload.probe import probe_disk, probe_store, probe_store_bursts
 from pytest_kvoffload.progress import Tracker
 from pytest_kvoffload.prompts import expected_cached, make_prompt
 from pytest_kvoffload.stats import summarize
@@ -36,6 +37,9 @@ TOTALS = ("bytes_read", "useful_bytes_read", "bytes_written", "useful_bytes_writ
           "save_wall_seconds", "load_seconds", "save_seconds", "save_copy_seconds", "save_wait_seconds", "save_first_wait_seconds", "save_batches", "chunks_read", "chunks_written",
           "io_threads_short_slice")
 
+
+# The longest idle gap between the bursts of the store-in-bursts control (see there).
+MAX_GAP_S = 0.25
 
 # What the store-alone-beside-the-engine pass checks did (not) move.
 QUIET = ("chunks_read", "chunks_written", "requests_opted_out")
@@ -80,7 +84,9 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     kv_server.reset_prefix_cache(external=True)
     start = settled_totals(kv_server)
     cpu_start = sample(pgid)
+    io_start = {name: thread_times(pgid, name) for name in (SAVE_THREADS, LOAD_THREADS)}
     rows, ttft = [], {}
+    rounds_started = time.monotonic()
     tracker = Tracker(kv_session.progress, f"disk speed on {kv_backend.name}",
                       len(kv_session.lengths) * kv_settings.rounds, "lengths x rounds",
                       total_work=sum(kv_session.lengths) * kv_settings.rounds)
@@ -106,8 +112,22 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
         rows.append([length, f"{p50['cold'] * 1e3:,.0f}", f"{p50['device'] * 1e3:,.0f}", f"{p50['disk'] * 1e3:,.0f}",
                      f"{p50['disk'] / p50['device']:.2f}", f"{p50['cold'] / p50['disk']:.2f}"])
     cpu_end = sample(pgid)
+    rounds_s = time.monotonic() - rounds_started
+    io_end = {name: thread_times(pgid, name) for name in (SAVE_THREADS, LOAD_THREADS)}
     end = settled_totals(kv_server)
     after = probe_disk(store, request_bytes=chunk_file, total_bytes=probe_bytes, threads=threads)
+    # The store alone in the connector's save pattern, no engine: a step's chunks at once, then the drive idle
+    # until the next step's (as many chunks a burst and as far apart as in the rounds, on average). What a
+    # stream of bursts costs on this drive, whatever writes them; the engine is idle now. Gaps are cut to
+    # MAX_GAP_S to bound the suite's time: a shorter gap can only make the store look better than the
+    # connector, never worse (on the 2-core VM 60, 250 and 600 ms gaps gave the same, within noise).
+    batches = end["save_batches"] - start["save_batches"]
+    written = end["chunks_written"] - start["chunks_written"]
+    in_bursts, gap_s = None, None
+    if batches and written:
+        gap_s = max(0.0, (rounds_s - (end["save_wall_seconds"] - start["save_wall_seconds"])) / batches)
+        in_bursts = probe_store_bursts(store, chunk_file, round(written / batches), min(gap_s, MAX_GAP_S),
+                                       total_bytes=64 << 20, threads=threads)
     # After the rounds (its writes would flush what the host still caches of their chunks): the store alone
     # again while the engine does the rounds' work (fresh prompts of the same lengths, one after another)
     # with the connector told to keep out (engine_load.py): what the machine leaves a drive writer beside
@@ -131,7 +151,8 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     figures = {
         "probe": before.to_dict(), "probe_after": after.to_dict(), "store_alone": alone.to_dict(),
         "store_alone_on_worker_cpus": alone_bound.to_dict() if alone_bound else None,
-        "store_alone_beside_engine": beside.to_dict() if beside_ok else None, "engine_load_requests": load.requests,
+        "store_alone_beside_engine": beside.to_dict() if beside_ok else None,
+        "store_alone_in_bursts": in_bursts.to_dict() if in_bursts else None, "engine_load_requests": load.requests,
         "worker_cpus": sorted(worker_cpus) if worker_cpus else None,
         "cpu_use_during_rounds": usage(cpu_start, cpu_end) if cpu_start and cpu_end else None,
         "ttft_p50_s": {str(k): v for k, v in ttft.items()}, "counters": d,
@@ -174,12 +195,31 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
         "load_read_ms": 1e3 * d["load_seconds"] / d["chunks_read"] if d["chunks_read"] else None,
         "store_alone_read_ms": 1e3 * threads * alone.request_bytes / (alone.read_gbps * 1e9) if alone.read_gbps else None,
     }
+    # What the scheduler gave the I/O threads during the rounds, per chunk: time on a CPU, and time runnable
+    # but waiting for one (the core was the forward's or the engine core's). Of a save's time beyond the
+    # store alone's, the waiting is the machine's share; the rest is the connector's code.
+    for name, way, count in ((SAVE_THREADS, "save", d["chunks_written"]), (LOAD_THREADS, "load", d["chunks_read"])):
+        first, last = io_start[name], io_end[name]
+        if last and count:
+            spent = last.since(first) if first else last  # pools start threads on demand: none yet is zero
+            per_chunk[f"{way}_on_cpu_ms"] = 1e3 * spent.on_cpu_s / count
+            per_chunk[f"{way}_waiting_for_cpu_ms"] = 1e3 * spent.waiting_s / count
     figures["per_chunk"] = per_chunk
     shown = {k: f"{v:.2f}" if v is not None else "-" for k, v in per_chunk.items()}
     breakdown = (f"per chunk and I/O thread, ms: waited {shown['save_wait_ms']} for a thread (a step's first "
                  f"chunk {shown['save_first_wait_ms']}); save = gather {shown['save_copy_ms']} + write {shown['save_write_ms']} "
                  f"(the store alone writes one in {shown['store_alone_write_ms']}); load = read and check "
                  f"{shown['load_read_ms']} (alone {shown['store_alone_read_ms']})")
+    if "save_waiting_for_cpu_ms" in per_chunk:
+        def sched(probe) -> str:
+            if probe is None or probe.write_on_cpu_ms is None:
+                return "-"
+            return f"{probe.write_on_cpu_ms:.2f} and {probe.write_waiting_for_cpu_ms:.2f}"
+        breakdown += (f"\nscheduler, ms per chunk written (on a CPU and runnable but waiting for one): the connector's "
+                      f"save threads {shown['save_on_cpu_ms']} and {shown['save_waiting_for_cpu_ms']}; the store "
+                      f"alone {sched(alone_bound or alone)}, beside the engine {sched(beside if beside_ok else None)}; "
+                      f"load threads {shown.get('load_on_cpu_ms', '-')} and {shown.get('load_waiting_for_cpu_ms', '-')} "
+                      f"per chunk read")
     table = tabulate(rows, headers=["length", "cold ms", "device-hit ms", "disk-hit ms", "disk/device", "cold/disk"],
                      disable_numparse=True)
     cpu = figures["cpu_use_during_rounds"]
@@ -188,6 +228,15 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     # A total, not a difference: I/O threads start with the server's first loads and saves.
     machine = (f"during the rounds {placement}{describe(cpu)}; I/O threads with a short slice (io_slice_us): "
                f"{end['io_threads_short_slice']:.0f}\n" if cpu else "")
+    if in_bursts:
+        drive = (before.write_gbps + after.write_gbps) / 2
+        figures["write_store_in_bursts_vs_probe"] = in_bursts.write_gbps / drive if drive else None
+        figures["write_vs_store_in_bursts"] = delivered["write"] / in_bursts.write_gbps if in_bursts.write_gbps else None
+        figures["save_gap_s"] = gap_s
+        breakdown += (f"\nthe store alone in the connector's bursts (in the rounds {gap_s * 1e3:.0f} ms apart), "
+                      f"no engine: {in_bursts.describe()}: "
+                      f"{figures['write_store_in_bursts_vs_probe'] or 0:.2f} of the probe; the connector "
+                      f"{figures['write_vs_store_in_bursts'] or 0:.2f} of it")
     text = (f"drive under {store}: probe before {before.describe()}; after {after.describe()}\n"
             f"(shares are of the mean of the two probes; store alone: {alone.describe()})\n{summary}\n{breakdown}\n"
             f"{machine}\n"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pytest_kvoffload.cpu_use import describe, group_members, narrowest_affinity, sample, usage
+from pytest_kvoffload.cpu_use import describe, group_members, narrowest_affinity, sample, thread_times, usage
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux /proc only")
 
@@ -61,3 +61,43 @@ def test_the_narrowest_binding_in_the_group_is_found_and_none_when_nothing_is_bo
 
 def test_no_group_no_figures():
     assert sample(None) is None and narrowest_affinity(None) is None
+
+
+# Two spinning threads named "spin-pair" on one core, a sleeping one named "idle-one", the main thread unnamed.
+NAMED = """
+import os, threading, time
+from pytest_kvoffload.connector.sched import name_thread
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+def spin():
+    name_thread("spin-pair")
+    end = time.time() + 30
+    while time.time() < end:
+        pass
+def rest():
+    name_thread("idle-one")
+    time.sleep(30)
+for target in (spin, spin, rest):
+    threading.Thread(target=target, daemon=True).start()
+time.sleep(30)
+"""
+
+
+def test_named_threads_sharing_one_core_wait_for_it_and_a_sleeping_one_does_not():
+    proc = group(NAMED)
+    try:
+        time.sleep(0.5)
+        first = {name: thread_times(proc.pid, name) for name in ("spin-pair", "idle-one")}
+        time.sleep(1.0)
+        later = {name: thread_times(proc.pid, name) for name in ("spin-pair", "idle-one")}
+    finally:
+        stop(proc)
+    spinning = later["spin-pair"].since(first["spin-pair"])
+    resting = later["idle-one"].since(first["idle-one"])
+    assert spinning.threads == 2 and resting.threads == 1  # found by the name the kernel shows
+    # Two threads on one core for a second: together about a second on it, and one runnable while the
+    # other runs (less than half: they also take turns at the GIL, asleep). The sleeper is the control:
+    # neither time may move for it.
+    assert 0.5 < spinning.on_cpu_s <= 1.1, spinning
+    assert spinning.waiting_s > 0.15, spinning
+    assert resting.on_cpu_s < 0.05 and resting.waiting_s < 0.05, resting
+    assert thread_times(proc.pid, "no-such-thread") is None

@@ -1,12 +1,13 @@
 """The I/O threads' short scheduler slice (connector/sched.py), with the control that turns it off."""
 
+import sys
 import threading
 
 import pytest
 
 from pytest_kvoffload.connector.config import ConnectorConfig, ConnectorConfigError
 from pytest_kvoffload.connector.sched import MIN_SLICE_US, current_slice_ns, request_slice
-from pytest_kvoffload.connector.worker import WorkerSide
+from pytest_kvoffload.connector.worker import LOAD_THREADS, SAVE_THREADS, WorkerSide
 
 needs_slices = pytest.mark.skipif(current_slice_ns() is None, reason="sched_getattr is not available here")
 
@@ -43,6 +44,25 @@ def test_the_connector_io_threads_run_with_the_configured_slice(slice_us, tmp_pa
             assert got == (slice_us * 1000 if slice_us else default)
         moved = side.counters.drain().get("io_threads_short_slice", 0)  # one thread per pool so far
         assert moved == (2 if slice_us else 0)
+    finally:
+        side.shutdown()
+
+
+def kernel_name() -> str:
+    with open(f"/proc/self/task/{threading.get_native_id()}/comm") as fh:
+        return fh.read().strip()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="thread names in /proc: Linux only")
+def test_the_connector_io_threads_carry_names_the_kernel_shows(tmp_path):
+    config = ConnectorConfig.from_extra({"store_dir": str(tmp_path)}, 16)
+    side = WorkerSide(config, "model=test", tmp_path / "rank0", 16)
+    try:
+        # The suites find the I/O threads by these names (cpu_use.thread_times); a plain thread is the
+        # control: it keeps the name it inherited.
+        assert side.load_pool.submit(kernel_name).result() == LOAD_THREADS
+        assert side.save_pool.submit(kernel_name).result() == SAVE_THREADS
+        assert in_new_thread(kernel_name) not in (LOAD_THREADS, SAVE_THREADS)
     finally:
         side.shutdown()
 

@@ -24,6 +24,7 @@ import struct
 _ATTR = struct.Struct("<IIQiIQQQ")
 _SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}  # sched_setattr, sched_getattr
 SCHED_OTHER = 0
+_PR_SET_NAME = 15
 # The kernel clamps a normal task's slice to 0.1 to 100 ms.
 MIN_SLICE_US, MAX_SLICE_US = 100, 100_000
 
@@ -49,6 +50,14 @@ def current_slice_ns() -> int | None:
     return _ATTR.unpack(buffer.raw)[5]
 
 
+def name_thread(name: str) -> bool:
+    """Give the calling thread a name the kernel shows (top -H, /proc/<pid>/task/<tid>/comm; 15 bytes at most),
+    so that an operator, and the suites, can tell the connector's I/O threads from the engine's."""
+    if platform.system() != "Linux":
+        return False
+    return _libc().prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0) == 0
+
+
 def request_slice(us: int) -> bool:
     """Ask for a `us`-microsecond slice for the calling thread only; True if the kernel took it.
 
@@ -63,4 +72,4 @@ def request_slice(us: int) -> bool:
     return current_slice_ns() == us * 1000
 
 
-__all__ = ["MIN_SLICE_US", "MAX_SLICE_US", "current_slice_ns", "request_slice"]
+__all__ = ["MIN_SLICE_US", "MAX_SLICE_US", "current_slice_ns", "name_thread", "request_slice"]

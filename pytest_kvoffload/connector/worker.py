@@ -6,8 +6,10 @@ request_finished) until the file is in place. Whole blocks (kv[block_id]) are co
 on the CPU and GPU cache layouts alike (vLLM 0.33 puts the block dimension first in both).
 What to keep and what to remove is the scheduler's index's (index.ChunkIndex) to say: the worker carries out
 its deletions, and reports back every finished load, every write and every chunk it found damaged.
-On CUDA each I/O thread's chunk buffer is pinned host memory, page-aligned so O_DIRECT reads and writes
-it directly, and its copies run on that thread's own stream: no staging copy, no shared stream.
+On the CPU build a step's saves are gathered by the step's own thread (wait_for_save), up to a bound on
+the memory held, and the I/O threads only write. On CUDA each I/O thread's chunk buffer is pinned host
+memory, page-aligned so O_DIRECT reads and writes it directly, and its copies run on that thread's own
+stream: no staging copy, no shared stream.
 """
 
 from __future__ import annotations
@@ -24,10 +26,17 @@ import torch
 from .config import ConnectorConfig
 from .metadata import KVOffloadMetadata, KVOffloadWorkerMeta, LoadJob, SaveJob
 from .counters import Counters
-from .sched import request_slice
+from .sched import name_thread, request_slice
 from .store import ALIGN, HEADER_SIZE, ChunkStore, Layout, padded
 
 log = logging.getLogger("pytest_kvoffload.connector")
+
+# Memory the CPU build's in-step gathers may hold at once (chunks gathered, not yet written); at least
+# one chunk per I/O thread whatever the chunk size.
+GATHER_AHEAD_BYTES = 64 << 20
+
+# The I/O threads' names, also as the kernel shows them (15 bytes at most).
+LOAD_THREADS, SAVE_THREADS = "kvoffload-load", "kvoffload-save"
 
 
 class WorkerSide:
@@ -41,10 +50,10 @@ class WorkerSide:
         self.store: ChunkStore | None = None
         # Loads and saves get threads of their own: a request waits for its load, nobody waits for a save,
         # so a load must never queue behind a burst of another request's saves.
-        self.load_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvoffload-load",
-                                            initializer=self._start_io_thread)
-        self.save_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvoffload-save",
-                                            initializer=self._start_io_thread)
+        self.load_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix=LOAD_THREADS,
+                                            initializer=self._start_io_thread, initargs=(LOAD_THREADS,))
+        self.save_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix=SAVE_THREADS,
+                                            initializer=self._start_io_thread, initargs=(SAVE_THREADS,))
         self._loads: dict[str, tuple[LoadJob, list[Future], float]] = {}
         self._saves: dict[str, list[Future]] = {}
         self._save_batches: list[tuple[float, list[Future]]] = []
@@ -55,6 +64,7 @@ class WorkerSide:
         self._report = KVOffloadWorkerMeta()
         # One chunk buffer per I/O thread, reused: a fresh 4 KiB-aligned buffer per chunk costs page faults.
         self._local = threading.local()
+        self.step_buffers: GatheredBuffers | None = None  # the CPU build's in-step gathers (register_kv_caches)
         self._finished: set[str] = set()
         self._failed_blocks: set[int] = set()
         self._cuda = False
@@ -73,6 +83,9 @@ class WorkerSide:
         self.layout = Layout(layers=len(self.layers), blocks=per_chunk, block_bytes=block_bytes)
         self._cuda = first.is_cuda
         self.device = first.device
+        if not self._cuda:
+            held = max(self.config.io_threads, GATHER_AHEAD_BYTES // self.layout.file_bytes)
+            self.step_buffers = GatheredBuffers(lambda: self.store.new_buffer(), held)
         layout_text = f"{self.fingerprint}|shape={self.block_shape}|dtype={self.dtype}"
         self.store = ChunkStore(self.store_root, layout_text, self.layout, self.config.direct_io,
                                 self.config.read_bytes_per_s, self.counters)
@@ -118,9 +131,13 @@ class WorkerSide:
             # The side stream must not read blocks before this step's forward has written them.
             ready = torch.cuda.Event()
             ready.record()
+        # The CPU build: the step's own thread gathers the chunks now, while the blocks the forward just wrote
+        # are in its caches, so the I/O threads (which share the forward's core there) only write. Up to a
+        # bound on the memory held; past it a chunk is gathered by its I/O thread, as on CUDA.
+        gathered = [self._gather_now(job) for job in meta.saves] if self.step_buffers else [None] * len(meta.saves)
         started, batch = time.perf_counter(), []
         for i, job in enumerate(meta.saves):
-            future = self.save_pool.submit(self._save, job, ready, started, i == 0)
+            future = self.save_pool.submit(self._save, job, ready, started, i == 0, gathered[i])
             self._saves.setdefault(job.req_id, []).append(future)
             batch.append(future)
         # Write bandwidth is timed per step's batch: a request's saves span its prefill steps.
@@ -209,8 +226,10 @@ class WorkerSide:
         return failed
 
     # -- I/O threads ------------------------------------------------------------------------------------
-    def _start_io_thread(self) -> None:
-        """Each I/O thread, as it starts: a short slice, so it gets its core back as soon as its I/O is done."""
+    def _start_io_thread(self, name: str) -> None:
+        """Each I/O thread, as it starts: its name where the kernel shows it (the suites find the threads by
+        it), and a short slice, so that it gets its core back as soon as its I/O is done."""
+        name_thread(name)
         if self.config.io_slice_us and request_slice(self.config.io_slice_us):
             self.counters.add("io_threads_short_slice")
 
@@ -272,7 +291,15 @@ class WorkerSide:
         for layer, blocks in zip(self.layers, rows):
             layer.index_copy_(0, dst_ids, blocks)
 
-    def _save(self, job: SaveJob, ready, submitted: float, first: bool) -> tuple[bool, float]:
+    def _gather_now(self, job: SaveJob) -> np.ndarray | None:
+        """Gather a chunk on the calling (step's) thread into a held buffer; None past the bound."""
+        buffer = self.step_buffers.take()
+        if buffer is not None:
+            self._gather(job, None, buffer)
+        return buffer
+
+    def _save(self, job: SaveJob, ready, submitted: float, first: bool,
+              gathered: np.ndarray | None = None) -> tuple[bool, float]:
         # From the step's submission to this thread taking the chunk: the queue behind the other chunks,
         # and, where the engine's threads hold every core (the CPU build), waiting to be scheduled at all;
         # the first chunk of a step's saves waits for the second alone (when no earlier saves are queued).
@@ -281,19 +308,24 @@ class WorkerSide:
         if first:
             self.counters.add("save_first_wait_seconds", waited)
             self.counters.add("save_batches")
-        written = False
+        written, buffer = False, gathered
         try:
-            written = self._write_chunk(job, ready)
+            if buffer is None:
+                buffer = self._buffer()
+                self._gather(job, ready, buffer)
+            written = self.store.write(job.key, buffer, index=job.index)
         finally:
+            if gathered is not None:
+                self.step_buffers.give_back(gathered)
             # Reported either way, or the index would hold the chunk as "being stored" for ever.
             with self._report_lock:
                 (self._report.stored if written else self._report.store_failed).append(
                     (job.key, self.layout.file_bytes, job.generation))
         return written, time.perf_counter()
 
-    def _write_chunk(self, job: SaveJob, ready) -> bool:
+    def _gather(self, job: SaveJob, ready, buffer: np.ndarray) -> None:
+        """Copy the chunk's blocks of every layer from the cache into `buffer`'s payload."""
         started = time.perf_counter()
-        buffer = self._buffer()
         dst = self._views(buffer)
         if self._cuda:
             stream = self._thread_stream()
@@ -310,7 +342,6 @@ class WorkerSide:
                 torch.index_select(layer, 0, ids, out=dst[i])
         # The gather's share of a save, beside save_seconds (the file write): where a slow save's time goes.
         self.counters.add("save_copy_seconds", time.perf_counter() - started)
-        return self.store.write(job.key, buffer, index=job.index)
 
     def shutdown(self) -> None:
         self.load_pool.shutdown(wait=True, cancel_futures=False)
@@ -342,6 +373,32 @@ class BusyTime:
         return (end - start) - covered
 
 
+class GatheredBuffers:
+    """Chunk buffers gathered in the step and not yet written: at most `limit` out at once (take() returns
+    None past it), and those given back kept for reuse (a fresh buffer costs page faults)."""
+
+    def __init__(self, make, limit: int) -> None:
+        self._make = make
+        self.limit = limit
+        self._lock = threading.Lock()
+        self.out = 0  # taken and not yet given back
+        self._spare: list[np.ndarray] = []
+
+    def take(self) -> np.ndarray | None:
+        with self._lock:
+            if self.out >= self.limit:
+                return None
+            self.out += 1
+            if self._spare:
+                return self._spare.pop()
+        return self._make()
+
+    def give_back(self, buffer: np.ndarray) -> None:
+        with self._lock:
+            self.out -= 1
+            self._spare.append(buffer)  # never more than `limit` buffers are made
+
+
 def pinned_buffer(nbytes: int) -> np.ndarray:
     """Like store.aligned_buffer, in page-locked memory: the drive and the GPU both copy it directly."""
     size = padded(nbytes)
@@ -352,4 +409,4 @@ def pinned_buffer(nbytes: int) -> np.ndarray:
     return array
 
 
-__all__ = ["WorkerSide", "HEADER_SIZE", "pinned_buffer"]
+__all__ = ["WorkerSide", "GatheredBuffers", "HEADER_SIZE", "LOAD_THREADS", "SAVE_THREADS", "pinned_buffer"]

@@ -1,0 +1,78 @@
+"""The CPU build's in-step gathers (worker.py): a step's chunks are copied from the cache before
+wait_for_save returns, up to a bound on the memory held, and the rest by their I/O threads."""
+
+import threading
+import time
+
+import torch
+
+from pytest_kvoffload.connector import worker as worker_module
+from pytest_kvoffload.connector.config import ConnectorConfig
+from pytest_kvoffload.connector.metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
+from pytest_kvoffload.connector.worker import GatheredBuffers, WorkerSide
+
+BLOCK, CHUNK = 16, 32  # tokens: two blocks a chunk
+BLOCKS = 12
+
+
+def side_with_cache(tmp_path):
+    config = ConnectorConfig.from_extra({"store_dir": str(tmp_path), "chunk_tokens": CHUNK, "io_threads": 2}, BLOCK)
+    side = WorkerSide(config, "model=test", tmp_path / "rank0", BLOCK)
+    side.register_kv_caches({f"layer{i}": torch.randn(BLOCKS, 2, BLOCK, 2, 8) for i in range(2)})
+    return side
+
+
+def wait_saved(side, req_id):
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        sent, _ = side.get_finished({req_id})
+        if sent and req_id in sent:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"saves of {req_id} never finished")
+
+
+def loaded_back(side, key, blocks):
+    """Load chunk `key` into `blocks` and return those blocks of every layer."""
+    side.start_load_kv(KVOffloadMetadata(loads=[LoadJob("r", [ChunkBlocks(key, list(enumerate(blocks)))], sync=True)]))
+    return [layer[blocks].clone() for layer in side.layers]
+
+
+def test_chunks_up_to_the_bound_are_copied_in_the_step_and_the_rest_by_their_threads(tmp_path, monkeypatch):
+    monkeypatch.setattr(worker_module, "GATHER_AHEAD_BYTES", 0)  # the bound: one chunk per I/O thread
+    side = side_with_cache(tmp_path)
+    assert side.step_buffers.limit == 2
+    before = [layer.clone() for layer in side.layers]
+    # Hold both save threads so that nothing is written until the cache has changed under the saves.
+    gate = threading.Event()
+    held = [side.save_pool.submit(gate.wait) for _ in range(2)]
+    time.sleep(0.1)
+    keys = [f"{i:032x}" for i in range(4)]
+    saves = [SaveJob("p", key, [2 * i, 2 * i + 1], i, 0) for i, key in enumerate(keys)]
+    side.wait_for_save(KVOffloadMetadata(saves=saves))
+    for layer in side.layers:  # the next step overwrites the cache (in vLLM the blocks are held; here not)
+        layer.fill_(7.0)
+    gate.set()
+    [f.result() for f in held]
+    wait_saved(side, "p")
+    # The first two chunks were copied before wait_for_save returned: the step's KV. The last two were
+    # copied by their threads after the change: the control, which tells the two paths apart.
+    for i, key in enumerate(keys):
+        blocks = [2 * i, 2 * i + 1]
+        got = loaded_back(side, key, [8, 9])
+        want = [layer[blocks] for layer in before] if i < 2 else [torch.full_like(before[0][blocks], 7.0)] * 2
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), f"chunk {i}"
+    assert side.step_buffers.out == 0  # every buffer came back
+    side.shutdown()
+
+
+def test_buffers_are_bounded_and_reused():
+    made = []
+    pool = GatheredBuffers(lambda: made.append(object()) or made[-1], 2)
+    a, b = pool.take(), pool.take()
+    assert pool.take() is None  # past the bound: the I/O thread gathers
+    pool.give_back(a)
+    assert pool.take() is a and len(made) == 2
+    pool.give_back(a)
+    pool.give_back(b)
+    assert len(made) == 2
