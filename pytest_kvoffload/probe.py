@@ -30,14 +30,20 @@ class ProbeResult:
     # probe_store only: per request and thread, what the scheduler gave the threads (cpu_use.own_thread_times)
     write_on_cpu_ms: float | None = None
     write_waiting_for_cpu_ms: float | None = None
+    # probe_disk only: writing again over the file a pass just wrote (blocks already allocated), as the
+    # connector does when it recycles a removed chunk's file (store.py); 0 where not measured
+    overwrite_gbps: float = 0.0
+    overwrite_range: tuple[float, float] = (0.0, 0.0)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def describe(self) -> str:
+        over = (f"write over it {self.overwrite_gbps:.2f} GB/s ({self.overwrite_range[0]:.2f} to "
+                f"{self.overwrite_range[1]:.2f}), " if self.overwrite_gbps else "")
         return (f"read {self.read_gbps:.2f} GB/s ({self.read_range[0]:.2f} to {self.read_range[1]:.2f}), "
                 f"write {self.write_gbps:.2f} GB/s ({self.write_range[0]:.2f} to {self.write_range[1]:.2f}), "
-                f"{self.request_bytes / 2**20:.2f} MiB requests, {self.threads} thread(s), "
+                f"{over}{self.request_bytes / 2**20:.2f} MiB requests, {self.threads} thread(s), "
                 f"{'O_DIRECT' if self.direct_io else 'buffered'}")
 
 
@@ -50,9 +56,11 @@ def _open(path: Path, flags: int, direct: bool) -> tuple[int, bool]:
     return os.open(path, flags, 0o600), False
 
 
-def _pass(path: Path, count: int, request_bytes: int, threads: int, direct: bool, write: bool) -> tuple[float, bool]:
-    """One sequential pass over `path` by `threads` threads, each taking every threads-th request."""
-    flags = (os.O_CREAT | os.O_WRONLY | os.O_TRUNC) if write else os.O_RDONLY
+def _pass(path: Path, count: int, request_bytes: int, threads: int, direct: bool, write: bool,
+          over: bool = False) -> tuple[float, bool]:
+    """One sequential pass over `path` by `threads` threads, each taking every threads-th request; `over`:
+    write over the file as it is (no truncation: its blocks stay allocated)."""
+    flags = (os.O_WRONLY if over else os.O_CREAT | os.O_WRONLY | os.O_TRUNC) if write else os.O_RDONLY
     fd, direct = _open(path, flags, direct)
     if not write and not direct:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -80,10 +88,14 @@ def _pass(path: Path, count: int, request_bytes: int, threads: int, direct: bool
 
 def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: int = 256 << 20,
                repeats: int = 3, threads: int = 1) -> ProbeResult:
-    """Write then read a fresh file per pass, `repeats` passes; median, min and max of each direction.
+    """Write then read a fresh file per pass, then write over it, `repeats` passes; median, min and max of
+    each.
 
-    Never the same file twice: on virtual disks a file read again is served by the host's cache (a
+    Never the same file read twice: on virtual disks a file read again is served by the host's cache (a
     probe that re-read one file reported 2.06 GB/s where fio on fresh files measured 0.77 to 0.95).
+    Writes are measured both ways because the connector does both: a new chunk file allocates blocks, a
+    recycled one (store.py) is written over; on the 2-core VM the second is twice as fast (3.5 against
+    1.8 GB/s), so each is the reference for its own share of the connector's writes.
     The connector's pattern: chunk-sized requests, its number of I/O threads, O_DIRECT where allowed.
     """
     folder = Path(folder)
@@ -95,6 +107,7 @@ def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: in
     direct = hasattr(os, "O_DIRECT")
     writes: list[float] = []
     reads: list[float] = []
+    overwrites: list[float] = []
     for n in range(repeats):
         path = folder / f".kvoffload-probe-{os.getpid()}-{n}"
         try:
@@ -102,24 +115,49 @@ def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: in
             writes.append(gbps)
             gbps, direct = _pass(path, count, request_bytes, threads, direct, write=False)
             reads.append(gbps)
+            gbps, direct = _pass(path, count, request_bytes, threads, direct, write=True, over=True)
+            overwrites.append(gbps)
         finally:
             try:
                 path.unlink()
             except OSError:
                 pass
     return ProbeResult(str(folder), request_bytes, count * request_bytes, direct, statistics.median(writes),
-                       statistics.median(reads), threads, (min(writes), max(writes)), (min(reads), max(reads)))
+                       statistics.median(reads), threads, (min(writes), max(writes)), (min(reads), max(reads)),
+                       overwrite_gbps=statistics.median(overwrites), overwrite_range=(min(overwrites), max(overwrites)))
+
+
+def write_reference(probe: ProbeResult, over_share: float) -> float:
+    """The drive's write bandwidth for a mix of writes: `over_share` of the bytes written over existing
+    files (probe.overwrite_gbps), the rest into new ones (probe.write_gbps); time adds, so the harmonic mix."""
+    if not probe.overwrite_gbps or over_share <= 0:
+        return probe.write_gbps
+    return 1.0 / (over_share / probe.overwrite_gbps + (1.0 - over_share) / probe.write_gbps)
+
+
+def _leave_free(store, count: int) -> None:
+    """Write `count` chunk files and remove them: the store keeps them as free files, written over by the
+    next saves, as the connector's store does with chunks it removed."""
+    import uuid
+
+    buffer = store.new_buffer()
+    for key in [uuid.uuid4().hex for _ in range(count)]:
+        if not store.write(key, buffer):
+            raise OSError(f"probe store: chunk write failed under {store.root}")
+        store.delete(key)
 
 
 def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 20, repeats: int = 3,
-                threads: int = 1, cpus: set[int] | None = None, slice_us: int = 0) -> ProbeResult:
+                threads: int = 1, cpus: set[int] | None = None, slice_us: int = 0,
+                over_share: float = 0.0) -> ProbeResult:
     """The connector's store alone, no engine: `threads` threads write fresh chunk files of `file_bytes`
     through ChunkStore (header, checksum, temporary name, rename), then read each back once.
 
     Between the raw probe (probe_disk) and the connector in a running server, it splits the gap in two:
     what one file per chunk costs (store / probe) and what sharing the machine with the engine costs
     (connector / store). `cpus` and `slice_us` place its threads as the connector's run: bound to the
-    engine worker's CPUs, with its scheduler slice (connector/sched.py).
+    engine worker's CPUs, with its scheduler slice (connector/sched.py). `over_share`: that share of the
+    writes goes over free files (removed chunks' files, as the connector recycles them), the rest into new.
     """
     import uuid
 
@@ -138,8 +176,9 @@ def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 2
     direct = True
     for n in range(repeats):
         root = folder / f".kvoffload-store-probe-{os.getpid()}-{n}"
-        store = ChunkStore(root, "probe", layout)
+        store = ChunkStore(root, "probe", layout, keep_free=count)
         direct = store.direct_io
+        _leave_free(store, round(over_share * count))
         keys = [uuid.uuid4().hex for _ in range(count)]
 
         def run(write: bool) -> float:
@@ -169,6 +208,7 @@ def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 2
             reads.append(run(write=False))
         finally:
             store.clear()
+            store.drop_free()
             try:
                 root.rmdir()
             except OSError:
@@ -202,11 +242,12 @@ class BurstResult:
 
 def probe_store_bursts(folder: str | Path, file_bytes: int, burst: int, gap_s: float, total_bytes: int = 128 << 20,
                        repeats: int = 3, threads: int = 1, cpus: set[int] | None = None,
-                       slice_us: int = 0) -> BurstResult:
+                       slice_us: int = 0, over_share: float = 0.0) -> BurstResult:
     """The store alone in the connector's save pattern, no engine: a step's saves arrive together and the
     drive then idles until the next step's. On a virtual disk each burst's start and end cost a share of
     the bandwidth a continuous stream (probe_store) gets, whatever code writes them; this measures that
-    share so the connector's write figure can be told apart from it. Fresh chunk files, removed after."""
+    share so the connector's write figure can be told apart from it. Chunk files removed after; `over_share`
+    of them written over free files (probe_store)."""
     import threading
     import uuid
 
@@ -230,7 +271,8 @@ def probe_store_bursts(folder: str | Path, file_bytes: int, burst: int, gap_s: f
     writes: list[float] = []
     for n in range(repeats):
         root = folder / f".kvoffload-burst-probe-{os.getpid()}-{n}"
-        store = ChunkStore(root, "probe", layout)
+        store = ChunkStore(root, "probe", layout, keep_free=bursts * burst)
+        _leave_free(store, round(over_share * bursts * burst))
 
         def write(key: str) -> float:
             buffer = getattr(local, "buffer", None)
@@ -252,6 +294,7 @@ def probe_store_bursts(folder: str | Path, file_bytes: int, burst: int, gap_s: f
             writes.append(bursts * burst * layout.file_bytes / busy / 1e9)
         finally:
             store.clear()
+            store.drop_free()
             try:
                 root.rmdir()
             except OSError:

@@ -7,11 +7,17 @@ come from the source it is meant to come from.
 
 The drive is probed before and after the connector's rounds (a virtual disk drifts: the ratio is taken
 against their mean and their difference is printed), and the store alone (probe_store: chunk files
-written and read by ChunkStore, no engine) is measured between them, so that the gap to the drive splits
+written and read by ChunkStore, no engine) is measured after them, so that the gap to the drive splits
 into what the file format costs and what sharing the machine with the engine costs. Where the engine binds
 its worker to some cores (vLLM's CPU build: the connector's I/O threads inherit that binding) the store
 alone is measured on those cores too, and the CPU time the server's processes take during the rounds is
 printed beside the figures (cpu_use.py).
+
+Writes are held to the drive's figure for the writes the connector made: the probe writes a fresh file
+and then over it, and the connector's chunks written over recycled files (store.py) count against the
+second (twice the first on the 2-core VM). The store alone is also measured in the connector's bursts (a
+step's chunks at once, then nothing), and the scheduler's per-chunk times of the connector's I/O threads
+are printed beside those of the store alone.
 """
 
 import time
@@ -26,7 +32,7 @@ from pytest_kvoffload.connector.store import HEADER_SIZE
 from pytest_kvoffload.connector.worker import LOAD_THREADS, SAVE_THREADS
 from pytest_kvoffload.cpu_use import describe, narrowest_affinity, sample, thread_times, usage
 from pytest_kvoffload.engine_load import EngineLoad
-from pytest_kvoffload.probe import probe_disk, probe_store, probe_store_bursts
+from pytest_kvoffload.probe import probe_disk, probe_store, probe_store_bursts, write_reference
 from pytest_kvoffload.progress import Tracker
 from pytest_kvoffload.prompts import expected_cached, make_prompt
 from pytest_kvoffload.stats import summarize
@@ -35,7 +41,7 @@ pytestmark = pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=
 
 TOTALS = ("bytes_read", "useful_bytes_read", "bytes_written", "useful_bytes_written", "load_wall_seconds",
           "save_wall_seconds", "load_seconds", "save_seconds", "save_copy_seconds", "save_wait_seconds", "save_first_wait_seconds", "save_batches", "chunks_read", "chunks_written",
-          "io_threads_short_slice")
+          "io_threads_short_slice", "chunks_written_over_free")
 
 
 # The longest idle gap between the bursts of the store-in-bursts control (see there).
@@ -74,13 +80,9 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     threads = int(kv_settings.disk_opts.get("io_threads", 2))
     probe_bytes = max(256 << 20, 64 * chunk_file)
     before = probe_disk(store, request_bytes=chunk_file, total_bytes=probe_bytes, threads=threads)
-    alone = probe_store(store, chunk_file, total_bytes=probe_bytes, threads=threads)
     pgid = getattr(kv_server, "pgid", None)
     worker_cpus = narrowest_affinity(pgid)
-    # As the connector's I/O threads run: on the worker's CPUs, with the connector's scheduler slice.
     slice_us = int(kv_settings.disk_opts.get("io_slice_us", MIN_SLICE_US))
-    alone_bound = (probe_store(store, chunk_file, total_bytes=probe_bytes, threads=threads, cpus=worker_cpus,
-                               slice_us=slice_us) if worker_cpus else None)
     kv_server.reset_prefix_cache(external=True)
     start = settled_totals(kv_server)
     cpu_start = sample(pgid)
@@ -116,18 +118,26 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     io_end = {name: thread_times(pgid, name) for name in (SAVE_THREADS, LOAD_THREADS)}
     end = settled_totals(kv_server)
     after = probe_disk(store, request_bytes=chunk_file, total_bytes=probe_bytes, threads=threads)
+    # The store alone from here on writes as the connector did in the rounds: this share of its chunks over
+    # free files (store.py recycles removed chunks' files), the rest into new ones.
+    written = end["chunks_written"] - start["chunks_written"]
+    over_share = (end["chunks_written_over_free"] - start["chunks_written_over_free"]) / written if written else 0.0
+    # After the rounds, whose reads the store's writes would otherwise cost what the host caches.
+    alone = probe_store(store, chunk_file, total_bytes=probe_bytes, threads=threads, over_share=over_share)
+    # As the connector's I/O threads run: on the worker's CPUs, with the connector's scheduler slice.
+    alone_bound = (probe_store(store, chunk_file, total_bytes=probe_bytes, threads=threads, cpus=worker_cpus,
+                               slice_us=slice_us, over_share=over_share) if worker_cpus else None)
     # The store alone in the connector's save pattern, no engine: a step's chunks at once, then the drive idle
     # until the next step's (as many chunks a burst and as far apart as in the rounds, on average). What a
     # stream of bursts costs on this drive, whatever writes them; the engine is idle now. Gaps are cut to
     # MAX_GAP_S to bound the suite's time: a shorter gap can only make the store look better than the
     # connector, never worse (on the 2-core VM 60, 250 and 600 ms gaps gave the same, within noise).
     batches = end["save_batches"] - start["save_batches"]
-    written = end["chunks_written"] - start["chunks_written"]
     in_bursts, gap_s = None, None
     if batches and written:
         gap_s = max(0.0, (rounds_s - (end["save_wall_seconds"] - start["save_wall_seconds"])) / batches)
         in_bursts = probe_store_bursts(store, chunk_file, round(written / batches), min(gap_s, MAX_GAP_S),
-                                       total_bytes=64 << 20, threads=threads)
+                                       total_bytes=64 << 20, threads=threads, over_share=over_share)
     # After the rounds (its writes would flush what the host still caches of their chunks): the store alone
     # again while the engine does the rounds' work (fresh prompts of the same lengths, one after another)
     # with the connector told to keep out (engine_load.py): what the machine leaves a drive writer beside
@@ -136,7 +146,8 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     # connector's, kept pace (docs/notes/2026-11-30-late.md).
     quiet = settled_totals(kv_server, names=QUIET)
     with EngineLoad(kv_server, kv_session.lengths, kv_settings.model.vocab_size) as load:
-        beside = probe_store(store, chunk_file, total_bytes=probe_bytes, threads=threads, slice_us=slice_us)
+        beside = probe_store(store, chunk_file, total_bytes=probe_bytes, threads=threads, slice_us=slice_us,
+                             over_share=over_share)
     assert not load.errors and load.requests > 0, f"the engine load failed: {load.errors[:1]}"
     moved = {k: v - quiet[k] for k, v in settled_totals(kv_server, names=QUIET).items() if v != quiet[k]}
     # The control: requests_opted_out must have moved (the requests reached the connector and kept out),
@@ -159,9 +170,15 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
         "read_amplification": d["bytes_read"] / d["useful_bytes_read"] if d["useful_bytes_read"] else None,
         "write_amplification": d["bytes_written"] / d["useful_bytes_written"] if d["useful_bytes_written"] else None,
     }
+    # Writes are held to the drive's figure for what they did: a chunk written over a recycled file
+    # (store.py) against the probe's write over its file, one into a new file against its fresh write.
+    figures["write_over_free_share"] = over_share
+    reference = {"read": (before.read_gbps + after.read_gbps) / 2,
+                 "write": (write_reference(before, over_share) + write_reference(after, over_share)) / 2}
+    figures["write_reference_gbps"] = reference["write"]
     summary_rows = []
     for way in ("read", "write"):
-        drive = (getattr(before, f"{way}_gbps") + getattr(after, f"{way}_gbps")) / 2
+        drive = reference[way]
         store_gbps = getattr(alone, f"{way}_gbps")
         figures[f"delivered_{way}_gbps"] = delivered[way]
         figures[f"{way}_vs_probe"] = delivered[way] / drive if drive else None
@@ -174,7 +191,8 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
                                          if getattr(before, f"{way}_gbps") else None)
         summary_rows.append([
             way, f"{delivered[way]:.2f}", f"{store_gbps:.2f}",
-            f"{getattr(before, f'{way}_gbps'):.2f} / {getattr(after, f'{way}_gbps'):.2f}",
+            (f"{before.read_gbps:.2f} / {after.read_gbps:.2f}" if way == "read" else
+             f"{write_reference(before, over_share):.2f} / {write_reference(after, over_share):.2f}"),
             f"{figures[f'{way}_vs_probe'] or 0:.2f}", f"{figures[f'{way}_store_vs_probe'] or 0:.2f}",
             f"{figures[f'{way}_vs_store'] or 0:.2f}",
             f"{bound_gbps:.2f} / {beside_gbps:.2f}" if beside_gbps else f"{bound_gbps:.2f} / starved",
@@ -206,7 +224,9 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
             per_chunk[f"{way}_waiting_for_cpu_ms"] = 1e3 * spent.waiting_s / count
     figures["per_chunk"] = per_chunk
     shown = {k: f"{v:.2f}" if v is not None else "-" for k, v in per_chunk.items()}
-    breakdown = (f"per chunk and I/O thread, ms: waited {shown['save_wait_ms']} for a thread (a step's first "
+    breakdown = (f"chunks written over a removed chunk's file (the rest into new files): {over_share:.0%}; the "
+                 f"write reference for that mix {reference['write']:.2f} GB/s\n"
+                 f"per chunk and I/O thread, ms: waited {shown['save_wait_ms']} for a thread (a step's first "
                  f"chunk {shown['save_first_wait_ms']}); save = gather {shown['save_copy_ms']} + write {shown['save_write_ms']} "
                  f"(the store alone writes one in {shown['store_alone_write_ms']}); load = read and check "
                  f"{shown['load_read_ms']} (alone {shown['store_alone_read_ms']})")
@@ -229,7 +249,7 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     machine = (f"during the rounds {placement}{describe(cpu)}; I/O threads with a short slice (io_slice_us): "
                f"{end['io_threads_short_slice']:.0f}\n" if cpu else "")
     if in_bursts:
-        drive = (before.write_gbps + after.write_gbps) / 2
+        drive = reference["write"]
         figures["write_store_in_bursts_vs_probe"] = in_bursts.write_gbps / drive if drive else None
         figures["write_vs_store_in_bursts"] = delivered["write"] / in_bursts.write_gbps if in_bursts.write_gbps else None
         figures["save_gap_s"] = gap_s

@@ -257,3 +257,71 @@ def test_connector_stats_join_histogram_observations_across_workers():
     stats.aggregate(KVOffloadStats(data={"load_size_bytes": [2e6], "chunks_read": 2.0}))
     assert stats.data == {"load_size_bytes": [1e6, 2e6], "chunks_read": 3.0}
     assert stats.reduce() == {"chunks_read": 3.0, "load_size_bytes_count": 2}
+
+
+# -- recycled files: a removed chunk's file is written over by a later save ---------------------------------
+def free_files(root):
+    return sorted(p for p in root.iterdir() if p.name.startswith(".free-"))
+
+
+@pytest.mark.parametrize("keep_free", [None, 0])
+def test_a_removed_chunks_file_is_written_over_by_the_next_save(tmp_path, keep_free):
+    counters = Counters()
+    store = make_store(tmp_path, counters=counters, keep_free=keep_free)
+    store.write(KEY, filled(store, 1))
+    inode = os.stat(store.path(KEY)).st_ino
+    store.delete(KEY)
+    assert not store.path(KEY).exists() and len(free_files(tmp_path)) == (0 if keep_free == 0 else 1)
+    buf = filled(store, 2)
+    assert store.write(OTHER, buf)
+    out = store.new_buffer()
+    assert store.read(OTHER, out) and np.array_equal(store.payload_view(out), store.payload_view(buf))
+    reused = counters.drain().get("chunks_written_over_free", 0)
+    # keep_free=0 is the control: nothing kept, so the save makes a new file and the count stays put.
+    assert reused == (0 if keep_free == 0 else 1)
+    if keep_free != 0:
+        assert os.stat(store.path(OTHER)).st_ino == inode  # the same file (a new one may get the number too)
+    assert free_files(tmp_path) == [] and not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp")]
+
+
+def test_a_free_file_of_another_size_is_removed_not_written_over(tmp_path):
+    counters = Counters()
+    store = make_store(tmp_path, counters=counters)
+    store.write(KEY, filled(store))
+    store.delete(KEY)
+    (free,) = free_files(tmp_path)
+    os.truncate(free, ALIGN)  # as a foreign or damaged chunk's file would be
+    buf = filled(store, 3)
+    assert store.write(OTHER, buf)
+    out = store.new_buffer()
+    assert store.read(OTHER, out) and np.array_equal(store.payload_view(out), store.payload_view(buf))
+    assert "chunks_written_over_free" not in counters.drain() and free_files(tmp_path) == []
+
+
+def test_clear_keeps_at_most_keep_free_files_and_a_new_store_removes_them(tmp_path):
+    store = make_store(tmp_path, keep_free=1)
+    for i in range(3):
+        store.write(f"{i:032x}", filled(store, i))
+    assert store.clear() == 3 and len(free_files(tmp_path)) == 1
+    assert not list(tmp_path.glob("*.kv"))
+    make_store(tmp_path)  # a restarted server does not know them
+    assert free_files(tmp_path) == []
+    store = make_store(tmp_path)
+    store.write(KEY, filled(store))
+    store.delete(KEY)
+    store.drop_free()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_free_files_lost_with_a_vanished_folder_do_not_stop_saves(tmp_path):
+    counters = Counters()
+    root = tmp_path / "store"
+    store = make_store(root, counters=counters)
+    store.write(KEY, filled(store))
+    store.delete(KEY)
+    for p in root.iterdir():
+        p.unlink()
+    root.rmdir()
+    assert store.write(OTHER, filled(store, 2))
+    c = counters.drain()
+    assert c["store_recreated"] == 1 and "chunks_written_over_free" not in c and "writes_declined" not in c

@@ -27,6 +27,7 @@ COUNTERS = {
     "requests_opted_out": 'requests neither saved nor loaded at their own asking (kv_transfer_params {"kvoffload": "skip"})',
     "chunks_read": "chunks read",
     "chunks_written": "chunks written",
+    "chunks_written_over_free": "chunks written over a removed chunk's file instead of a new one (store.py)",
     "chunks_evicted": "chunks evicted to stay under the capacity",
     "chunks_missing": "chunks gone between lookup and load",
     "chunks_corrupt": "chunk files skipped as damaged",

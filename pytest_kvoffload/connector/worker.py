@@ -346,6 +346,8 @@ class WorkerSide:
     def shutdown(self) -> None:
         self.load_pool.shutdown(wait=True, cancel_futures=False)
         self.save_pool.shutdown(wait=True, cancel_futures=False)
+        if self.store is not None:
+            self.store.drop_free()
 
 
 class BusyTime:
