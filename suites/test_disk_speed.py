@@ -137,7 +137,7 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     if batches and written:
         gap_s = max(0.0, (rounds_s - (end["save_wall_seconds"] - start["save_wall_seconds"])) / batches)
         in_bursts = probe_store_bursts(store, chunk_file, round(written / batches), min(gap_s, MAX_GAP_S),
-                                       total_bytes=64 << 20, threads=threads, over_share=over_share)
+                                       total_bytes=32 << 20, threads=threads, over_share=over_share)
     # After the rounds (its writes would flush what the host still caches of their chunks): the store alone
     # again while the engine does the rounds' work (fresh prompts of the same lengths, one after another)
     # with the connector told to keep out (engine_load.py): what the machine leaves a drive writer beside
