@@ -135,15 +135,17 @@ def write_reference(probe: ProbeResult, over_share: float) -> float:
     return 1.0 / (over_share / probe.overwrite_gbps + (1.0 - over_share) / probe.write_gbps)
 
 
-def _leave_free(store, count: int) -> None:
+def leave_free(store, count: int) -> None:
     """Write `count` chunk files and remove them: the store keeps them as free files, written over by the
     next saves, as the connector's store does with chunks it removed."""
     import uuid
 
     buffer = store.new_buffer()
-    for key in [uuid.uuid4().hex for _ in range(count)]:
+    keys = [uuid.uuid4().hex for _ in range(count)]
+    for key in keys:  # all written before any is removed, or each write would take the last one's file
         if not store.write(key, buffer):
             raise OSError(f"probe store: chunk write failed under {store.root}")
+    for key in keys:
         store.delete(key)
 
 
@@ -178,7 +180,7 @@ def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 2
         root = folder / f".kvoffload-store-probe-{os.getpid()}-{n}"
         store = ChunkStore(root, "probe", layout, keep_free=count)
         direct = store.direct_io
-        _leave_free(store, round(over_share * count))
+        leave_free(store, round(over_share * count))
         keys = [uuid.uuid4().hex for _ in range(count)]
 
         def run(write: bool) -> float:
@@ -272,7 +274,7 @@ def probe_store_bursts(folder: str | Path, file_bytes: int, burst: int, gap_s: f
     for n in range(repeats):
         root = folder / f".kvoffload-burst-probe-{os.getpid()}-{n}"
         store = ChunkStore(root, "probe", layout, keep_free=bursts * burst)
-        _leave_free(store, round(over_share * bursts * burst))
+        leave_free(store, round(over_share * bursts * burst))
 
         def write(key: str) -> float:
             buffer = getattr(local, "buffer", None)

@@ -46,3 +46,16 @@ def test_the_drive_probe_also_writes_over_its_file_and_the_store_over_free_files
     store = probe_store(tmp_path, 64 << 10, total_bytes=1 << 20, repeats=1, threads=2, over_share=1.0)
     assert store.write_gbps > 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_leave_free_leaves_as_many_free_files_as_asked(tmp_path):
+    from pytest_kvoffload.connector.store import ChunkStore, Layout
+    from pytest_kvoffload.probe import leave_free
+
+    store = ChunkStore(tmp_path, "probe", Layout(1, 1, 4096), keep_free=10)
+    leave_free(store, 5)
+    # Written one after another and each removed at once, every write would take the previous one's file
+    # and one free file would be left: the control this count would catch.
+    assert len([p for p in tmp_path.iterdir() if p.name.startswith(".free-")]) == 5
+    assert not list(tmp_path.glob("*.kv"))
+    store.drop_free()

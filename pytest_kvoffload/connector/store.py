@@ -188,14 +188,17 @@ class ChunkStore:
         return True
 
     def _write_file(self, key: str, buffer: np.ndarray, size: int) -> OSError | None:
-        """Write to a temporary name and rename: readers never see a partial chunk. The temporary file is a
-        recycled one where there is one of this size (written over in place), else a new one."""
-        tmp = self.root / f".tmp-{key}-{threading.get_ident()}"
+        """Write under a name no reader looks at, then rename into place: readers never see a partial chunk.
+        That name is a free file's where one of this size is kept (written over in place; one rename), else
+        a new temporary file's."""
+        target = self._claim_free(size)
+        reused = target is not None
+        if target is None:
+            target = self.root / f".tmp-{key}-{threading.get_ident()}"
         try:
-            reused = self._claim_free(tmp, size)
             flags = (os.O_WRONLY if reused else os.O_CREAT | os.O_WRONLY | os.O_TRUNC) | (
                 os.O_DIRECT if self.direct_io else 0)
-            fd = os.open(tmp, flags, 0o644)
+            fd = os.open(target, flags, 0o644)
             try:
                 view = memoryview(buffer[:size])
                 written = 0
@@ -206,10 +209,10 @@ class ChunkStore:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-            os.replace(tmp, self.path(key))
+            os.replace(target, self.path(key))
         except OSError as exc:
             try:
-                os.unlink(tmp)
+                os.unlink(target)
             except OSError:
                 pass
             return exc
@@ -217,17 +220,16 @@ class ChunkStore:
             self.counters.add("chunks_written_over_free")
         return None
 
-    def _claim_free(self, tmp: Path, size: int) -> bool:
-        """Take a free file of `size` bytes under the name `tmp`; False where there is none (write a new one)."""
+    def _claim_free(self, size: int) -> Path | None:
+        """Take a kept free file of `size` bytes for this thread alone; None where there is none."""
         while True:
             with self._free_lock:
                 if not self._free:
-                    return False
+                    return None
                 free = self._free.pop()
             try:
                 if os.stat(free).st_size == size:
-                    os.rename(free, tmp)
-                    return True
+                    return free
                 os.unlink(free)  # another layout's (a foreign or damaged chunk): not ours to write over
             except OSError:
                 pass  # gone (the folder was removed): try the next
