@@ -135,6 +135,16 @@ def write_reference(probe: ProbeResult, over_share: float) -> float:
     return 1.0 / (over_share / probe.overwrite_gbps + (1.0 - over_share) / probe.write_gbps)
 
 
+def remove_store(store) -> None:
+    """A probe's store gone: its chunk files, the free files it kept, its folder."""
+    store.clear()
+    store.drop_free()
+    try:
+        store.root.rmdir()
+    except OSError:
+        pass
+
+
 def leave_free(store, count: int) -> None:
     """Write `count` chunk files and remove them: the store keeps them as free files, written over by the
     next saves, as the connector's store does with chunks it removed."""
@@ -209,12 +219,7 @@ def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 2
             writes.append(run(write=True))
             reads.append(run(write=False))
         finally:
-            store.clear()
-            store.drop_free()
-            try:
-                root.rmdir()
-            except OSError:
-                pass
+            remove_store(store)
     timed = repeats * count if len(write_times) == repeats * threads else 0
     return ProbeResult(str(folder), layout.file_bytes, count * layout.file_bytes, direct, statistics.median(writes),
                        statistics.median(reads), threads, (min(writes), max(writes)), (min(reads), max(reads)),
@@ -295,11 +300,6 @@ def probe_store_bursts(folder: str | Path, file_bytes: int, burst: int, gap_s: f
                     time.sleep(gap_s)
             writes.append(bursts * burst * layout.file_bytes / busy / 1e9)
         finally:
-            store.clear()
-            store.drop_free()
-            try:
-                root.rmdir()
-            except OSError:
-                pass
+            remove_store(store)
     return BurstResult(str(folder), layout.file_bytes, burst, gap_s, threads, statistics.median(writes),
                        (min(writes), max(writes)))
