@@ -235,12 +235,13 @@ def test_reset_forgets_everything_and_ignores_writes_announced_before_it(tmp_pat
 
 
 # -- the worker carries the index's decisions out on real files --------------------------------------------
-def worker(tmp_path):
+def worker(tmp_path, blocks=8):
+    """A worker over a CPU cache of two layers and `blocks` blocks (also used by test_worker_gather.py)."""
     from pytest_kvoffload.connector.worker import WorkerSide
 
     config = ConnectorConfig.from_extra({"store_dir": str(tmp_path), "chunk_tokens": CHUNK, "io_threads": 2}, BLOCK)
     side = WorkerSide(config, "model=test", tmp_path / "rank0", BLOCK)
-    caches = {f"layer{i}": torch.randn(8, 2, BLOCK, 2, 8) for i in range(2)}
+    caches = {f"layer{i}": torch.randn(blocks, 2, BLOCK, 2, 8) for i in range(2)}
     side.register_kv_caches(caches)
     return side
 

@@ -6,30 +6,13 @@ import time
 
 import torch
 
+from test_index import finish, worker  # the worker over a small CPU cache, and waiting for its saves
+
 from pytest_kvoffload.connector import worker as worker_module
-from pytest_kvoffload.connector.config import ConnectorConfig
 from pytest_kvoffload.connector.metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
-from pytest_kvoffload.connector.worker import GatheredBuffers, WorkerSide
+from pytest_kvoffload.connector.worker import GatheredBuffers
 
-BLOCK, CHUNK = 16, 32  # tokens: two blocks a chunk
 BLOCKS = 12
-
-
-def side_with_cache(tmp_path):
-    config = ConnectorConfig.from_extra({"store_dir": str(tmp_path), "chunk_tokens": CHUNK, "io_threads": 2}, BLOCK)
-    side = WorkerSide(config, "model=test", tmp_path / "rank0", BLOCK)
-    side.register_kv_caches({f"layer{i}": torch.randn(BLOCKS, 2, BLOCK, 2, 8) for i in range(2)})
-    return side
-
-
-def wait_saved(side, req_id):
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        sent, _ = side.get_finished({req_id})
-        if sent and req_id in sent:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"saves of {req_id} never finished")
 
 
 def loaded_back(side, key, blocks):
@@ -40,7 +23,7 @@ def loaded_back(side, key, blocks):
 
 def test_chunks_up_to_the_bound_are_copied_in_the_step_and_the_rest_by_their_threads(tmp_path, monkeypatch):
     monkeypatch.setattr(worker_module, "GATHER_AHEAD_BYTES", 0)  # the bound: one chunk per I/O thread
-    side = side_with_cache(tmp_path)
+    side = worker(tmp_path, BLOCKS)
     assert side.step_buffers.limit == 2
     before = [layer.clone() for layer in side.layers]
     # Hold both save threads so that nothing is written until the cache has changed under the saves.
@@ -54,7 +37,7 @@ def test_chunks_up_to_the_bound_are_copied_in_the_step_and_the_rest_by_their_thr
         layer.fill_(7.0)
     gate.set()
     [f.result() for f in held]
-    wait_saved(side, "p")
+    finish(side, "p")
     # The first two chunks were copied before wait_for_save returned: the step's KV. The last two were
     # copied by their threads after the change: the control, which tells the two paths apart.
     for i, key in enumerate(keys):
