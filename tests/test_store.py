@@ -134,14 +134,19 @@ def test_full_disk_mid_write_removes_the_temporary(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def vanish(root):
+    """The store folder removed under a running store, as a cleanup job or an operator would."""
+    for p in root.iterdir():
+        p.unlink()
+    root.rmdir()
+
+
 def test_a_vanished_folder_is_recreated_and_saves_resume(tmp_path):
     counters = Counters()
     root = tmp_path / "store"
     store = make_store(root, counters=counters)
     store.write(KEY, filled(store))
-    for p in root.iterdir():
-        p.unlink()
-    root.rmdir()
+    vanish(root)
     assert not store.read(KEY, store.new_buffer())       # what was there is gone: a counted miss
     assert store.write(OTHER, filled(store, 2))          # the folder is made again and the save lands
     out = store.new_buffer()
@@ -319,9 +324,7 @@ def test_free_files_lost_with_a_vanished_folder_do_not_stop_saves(tmp_path):
     store = make_store(root, counters=counters)
     store.write(KEY, filled(store))
     store.delete(KEY)
-    for p in root.iterdir():
-        p.unlink()
-    root.rmdir()
+    vanish(root)
     assert store.write(OTHER, filled(store, 2))
     c = counters.drain()
     assert c["store_recreated"] == 1 and "chunks_written_over_free" not in c and "writes_declined" not in c
