@@ -127,7 +127,7 @@ def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: in
                        overwrite_gbps=statistics.median(overwrites), overwrite_range=(min(overwrites), max(overwrites)))
 
 
-def write_reference(probe: ProbeResult, over_share: float) -> float:
+def write_reference(probe: ProbeResult | BurstResult, over_share: float) -> float:
     """The drive's write bandwidth for a mix of writes: `over_share` of the bytes written over existing
     files (probe.overwrite_gbps), the rest into new ones (probe.write_gbps); time adds, so the harmonic mix."""
     if not probe.overwrite_gbps or over_share <= 0:
@@ -229,8 +229,8 @@ def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 2
 
 @dataclass
 class BurstResult:
-    """The store alone writing in bursts: `burst` chunks handed to `threads` threads at once, then `gap_s`
-    of nothing, timed as the connector times its saves (bytes over the union of the bursts' walls)."""
+    """The drive alone in bursts: `burst` chunk-sized requests handed to `threads` threads at once, then
+    `gap_s` of nothing, timed as the connector times its saves (bytes over the union of the bursts' walls)."""
     path: str
     file_bytes: int
     burst: int
@@ -238,68 +238,96 @@ class BurstResult:
     threads: int
     write_gbps: float  # median over passes
     write_range: tuple[float, float]
+    # probe_disk_bursts only: the same bursts written over the file just written (old blocks), and the fresh
+    # file read once in bursts of read_burst requests (a load's chunks); 0 where not measured
+    overwrite_gbps: float = 0.0
+    overwrite_range: tuple[float, float] = (0.0, 0.0)
+    read_burst: int = 0
+    read_gbps: float = 0.0
+    read_range: tuple[float, float] = (0.0, 0.0)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def describe(self) -> str:
-        return (f"write {self.write_gbps:.2f} GB/s ({self.write_range[0]:.2f} to {self.write_range[1]:.2f}) in "
-                f"bursts of {self.burst} chunks {self.gap_s * 1e3:.0f} ms apart, {self.threads} thread(s)")
+        over = (f", over it {self.overwrite_gbps:.2f} GB/s ({self.overwrite_range[0]:.2f} to "
+                f"{self.overwrite_range[1]:.2f})" if self.overwrite_gbps else "")
+        read = (f"; read {self.read_gbps:.2f} GB/s ({self.read_range[0]:.2f} to {self.read_range[1]:.2f}) in bursts "
+                f"of {self.read_burst}" if self.read_burst else "")
+        return (f"write {self.write_gbps:.2f} GB/s ({self.write_range[0]:.2f} to {self.write_range[1]:.2f}){over} in "
+                f"bursts of {self.burst} chunks{read}, {self.gap_s * 1e3:.0f} ms apart, {self.threads} thread(s)")
 
 
-def probe_store_bursts(folder: str | Path, file_bytes: int, burst: int, gap_s: float, total_bytes: int = 128 << 20,
-                       repeats: int = 3, threads: int = 1, cpus: set[int] | None = None,
-                       slice_us: int = 0, over_share: float = 0.0) -> BurstResult:
-    """The store alone in the connector's save pattern, no engine: a step's saves arrive together and the
-    drive then idles until the next step's. On a virtual disk each burst's start and end cost a share of
-    the bandwidth a continuous stream (probe_store) gets, whatever code writes them; this measures that
-    share so the connector's write figure can be told apart from it. Chunk files removed after; `over_share`
-    of them written over free files (probe_store)."""
+def timed_bursts(pool: ThreadPoolExecutor, write, items: list, burst: int, gap_s: float) -> float:
+    """Hand `items` to `pool` `burst` at a time with `gap_s` of nothing after each, as the connector's saves
+    arrive a step at a time; the busy seconds, timed as the connector times its saves: per burst from its
+    hand-over to the end of its last write (`write` returns time.perf_counter() at its end)."""
+    busy = 0.0
+    for first in range(0, len(items), burst):
+        started = time.perf_counter()
+        ends = list(pool.map(write, items[first:first + burst]))
+        busy += max(ends) - started
+        time.sleep(gap_s)
+    return busy
+
+
+def probe_disk_bursts(folder: str | Path, request_bytes: int, burst: int, gap_s: float, total_bytes: int = 32 << 20,
+                      repeats: int = 3, threads: int = 1, read_burst: int = 0) -> BurstResult:
+    """The drive alone in the connector's save pattern, none of the store's code: raw requests of a chunk's
+    size at consecutive offsets of one file, O_DIRECT where allowed, handed `burst` at a time to `threads`
+    threads with `gap_s` of nothing after each, timed as the connector times its saves (timed_bursts). Each pass writes a fresh file
+    so (new blocks: write_gbps), then, where `read_burst`, reads it once in bursts of that many requests (as
+    a load reads a prompt's chunks; read_gbps), then writes over it the same way (old blocks:
+    overwrite_gbps); write_reference mixes the two writes as it does the continuous probe's. Against the continuous probe (probe_disk) this is what
+    the pattern itself costs on the drive; against it the connector's figure is what its code and the
+    engine cost."""
     import threading
-    import uuid
-
-    from .connector.sched import request_slice
-    from .connector.store import HEADER_SIZE, ChunkStore, Layout
 
     folder = Path(folder)
     if not folder.is_dir():
-        raise NotADirectoryError(f"probe store: {folder} is not a folder; pass the folder on the drive to measure")
+        raise NotADirectoryError(f"probe disk: {folder} is not a folder; pass the folder on the drive to measure")
+    request_bytes = padded(request_bytes)
     burst = max(1, burst)
-    layout = Layout(layers=1, blocks=1, block_bytes=max(ALIGN, padded(file_bytes) - HEADER_SIZE))
-    bursts = max(1, total_bytes // (burst * layout.file_bytes))
+    offsets = [i * request_bytes for i in range(max(1, total_bytes // (burst * request_bytes)) * burst)]
+    direct = hasattr(os, "O_DIRECT")
     local = threading.local()
-
-    def start() -> None:
-        if cpus:
-            os.sched_setaffinity(0, cpus)  # this thread only
-        if slice_us:
-            request_slice(slice_us)
-
-    writes: list[float] = []
+    fresh: list[float] = []
+    over: list[float] = []
+    reads: list[float] = []
+    ways = [(os.O_CREAT | os.O_WRONLY | os.O_TRUNC, burst, fresh), (os.O_RDONLY, read_burst, reads),
+            (os.O_WRONLY, burst, over)]
     for n in range(repeats):
-        root = folder / f".kvoffload-burst-probe-{os.getpid()}-{n}"
-        store = ChunkStore(root, "probe", layout, keep_free=bursts * burst)
-        leave_free(store, round(over_share * bursts * burst))
-
-        def write(key: str) -> float:
-            buffer = getattr(local, "buffer", None)
-            if buffer is None or len(buffer) != layout.file_bytes:
-                buffer = local.buffer = store.new_buffer()
-                store.payload_view(buffer)[:] = 0xA5
-            if not store.write(key, buffer):
-                raise OSError(f"probe store: chunk write failed under {root}")
-            return time.perf_counter()
-
-        busy = 0.0
+        path = folder / f".kvoffload-burst-disk-{os.getpid()}-{n}"
         try:
-            with ThreadPoolExecutor(max_workers=threads, initializer=start) as pool:
-                for _ in range(bursts):
-                    started = time.perf_counter()
-                    ends = list(pool.map(write, [uuid.uuid4().hex for _ in range(burst)]))
-                    busy += max(ends) - started
-                    time.sleep(gap_s)
-            writes.append(bursts * burst * layout.file_bytes / busy / 1e9)
+            for flags, size, out in ways:
+                if not size:
+                    continue
+                fd, direct = _open(path, flags, direct)
+                if flags == os.O_RDONLY and not direct:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+                def move(offset: int) -> float:
+                    buffer = getattr(local, "buffer", None)
+                    if buffer is None:
+                        buffer = local.buffer = aligned_buffer(request_bytes)
+                        buffer[:] = 0xA5
+                    if flags == os.O_RDONLY:
+                        os.preadv(fd, [memoryview(buffer)], offset)
+                    else:
+                        os.pwrite(fd, memoryview(buffer), offset)
+                    return time.perf_counter()
+
+                try:
+                    with ThreadPoolExecutor(max_workers=threads) as pool:
+                        busy = timed_bursts(pool, move, offsets, size, gap_s)
+                finally:
+                    os.close(fd)
+                out.append(len(offsets) * request_bytes / busy / 1e9)
         finally:
-            remove_store(store)
-    return BurstResult(str(folder), layout.file_bytes, burst, gap_s, threads, statistics.median(writes),
-                       (min(writes), max(writes)))
+            try:
+                path.unlink()
+            except OSError:
+                pass
+    return BurstResult(str(folder), request_bytes, burst, gap_s, threads, statistics.median(fresh),
+                       (min(fresh), max(fresh)), statistics.median(over), (min(over), max(over)), read_burst,
+                       statistics.median(reads) if reads else 0.0, (min(reads), max(reads)) if reads else (0.0, 0.0))

@@ -1,30 +1,10 @@
-"""The probes beside the connector: the store in bursts, writes over free files, the write reference for a mix."""
+"""The probes beside the connector: the drive and the connector's own save and load paths in its bursts, writes over
+free files, the write reference for a mix."""
 
+import os
 import time
 
 import pytest
-
-from pytest_kvoffload.probe import probe_store_bursts
-
-
-def test_bursts_are_timed_without_the_gaps_between_them_and_leave_nothing(tmp_path):
-    file_bytes, burst, gap_s = 64 << 10, 3, 0.1
-    started = time.perf_counter()
-    result = probe_store_bursts(tmp_path, file_bytes, burst, gap_s, total_bytes=4 * burst * file_bytes, repeats=1,
-                                threads=2)
-    elapsed = time.perf_counter() - started
-    assert elapsed >= 4 * gap_s  # four bursts, each followed by its gap
-    moved = 4 * burst * result.file_bytes
-    # The control: the same bytes over the whole time, gaps included, is what a probe that counted the idle
-    # time would report; the bursts' own walls are a small part of it here.
-    assert result.write_gbps > 2 * moved / elapsed / 1e9
-    assert result.burst == burst and result.gap_s == gap_s and "bursts of 3 chunks 100 ms apart" in result.describe()
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_a_missing_folder_is_a_one_line_error(tmp_path):
-    with pytest.raises(NotADirectoryError, match="not a folder"):
-        probe_store_bursts(tmp_path / "nowhere", 4096, 2, 0.0)
 
 
 def test_writes_are_referred_to_the_drive_figure_for_what_they_did():
@@ -59,3 +39,52 @@ def test_leave_free_leaves_as_many_free_files_as_asked(tmp_path):
     assert len([p for p in tmp_path.iterdir() if p.name.startswith(".free-")]) == 5
     assert not list(tmp_path.glob("*.kv"))
     store.drop_free()
+
+
+def test_the_drive_alone_in_bursts_is_timed_without_the_gaps_both_ways_and_leaves_nothing(tmp_path):
+    from pytest_kvoffload.probe import probe_disk_bursts, write_reference
+
+    request_bytes, burst, gap_s = 64 << 10, 3, 0.05
+    started = time.perf_counter()
+    result = probe_disk_bursts(tmp_path, request_bytes, burst, gap_s, total_bytes=4 * burst * request_bytes,
+                               repeats=1, threads=2, read_burst=2 * burst)
+    elapsed = time.perf_counter() - started
+    assert elapsed >= 10 * gap_s  # four bursts for each write (a fresh file, then over it), two reads
+    # The control, as for the store: a figure counting the gaps would be below this.
+    moved = 4 * burst * request_bytes
+    assert min(result.write_gbps, result.overwrite_gbps, result.read_gbps) > 2 * 3 * moved / elapsed / 1e9
+    assert "over it" in result.describe() and "bursts of 3 chunks; read" in result.describe()
+    assert "in bursts of 6, 50 ms apart" in result.describe()
+    assert probe_disk_bursts(tmp_path, request_bytes, burst, 0.0, total_bytes=moved, repeats=1).read_gbps == 0.0
+    # Held to what the connector did, as the continuous probe is: its share over old blocks at the second figure.
+    assert write_reference(result, 1.0) == result.overwrite_gbps and write_reference(result, 0.0) == result.write_gbps
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(NotADirectoryError, match="not a folder"):
+        probe_disk_bursts(tmp_path / "nowhere", 4096, 2, 0.0)
+
+
+def test_the_connectors_save_path_alone_in_bursts_is_timed_by_its_own_counters_and_leaves_nothing(tmp_path):
+    from pytest_kvoffload.connector.store import HEADER_SIZE, padded
+    from pytest_kvoffload.worker_probe import probe_worker_bursts
+
+    burst, gap_s, chunk_tokens, per_token = 3, 0.05, 32, 512
+    import torch
+
+    affinity, torch_threads = os.sched_getaffinity(0), torch.get_num_threads()
+    started = time.perf_counter()
+    result = probe_worker_bursts(tmp_path, {"chunk_tokens": chunk_tokens, "io_threads": 2}, layers=2, block_size=16,
+                                 kv_bytes_per_token=per_token, element_bytes=2, burst=burst, gap_s=gap_s,
+                                 total_bytes=4 * burst * (chunk_tokens * per_token + HEADER_SIZE), repeats=1,
+                                 over_share=1.0, cpus={min(os.sched_getaffinity(0))}, read_burst=2 * burst)
+    elapsed = time.perf_counter() - started
+    assert result.file_bytes == padded(HEADER_SIZE + chunk_tokens * per_token)  # the model's chunk file
+    assert elapsed >= 6 * gap_s  # four steps' saves, then their chunks loaded back two loads
+    # The control, as for the other burst probes: a figure counting the gaps would be below this.
+    assert min(result.write_gbps, result.read_gbps) > 2 * 4 * burst * result.file_bytes / elapsed / 1e9
+    assert "bursts of 3 chunks, 100% over free files; read" in result.describe()
+    assert "in loads of 6 chunks, 50 ms apart" in result.describe()
+    # The caller's binding and torch threads back as they were.
+    assert os.sched_getaffinity(0) == affinity and torch.get_num_threads() == torch_threads
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(NotADirectoryError, match="not a folder"):
+        probe_worker_bursts(tmp_path / "nowhere", {}, 2, 16, per_token, 2, 2, 0.0)
