@@ -111,6 +111,7 @@ class VllmServer(Endpoint):
         if self.proc is None:
             return
         self.http.close()
+        shared = shared_memory_files(self.pgid)
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(self.pgid, sig)
@@ -131,6 +132,7 @@ class VllmServer(Endpoint):
         except subprocess.TimeoutExpired:
             pass
         remove_shared_regions(self.log_path)
+        remove_left_shared_memory(shared)
 
 
 # An idle vLLM worker busy-polls for about 1 s after each message, on a core another server's worker may
@@ -160,8 +162,9 @@ def remove_shared_regions(log_path: Path) -> list[str]:
     return removed
 
 
-def group_has_live_members(pgid: int) -> bool:
-    """Whether any non-zombie process still belongs to the group (read from /proc)."""
+def group_members(pgid: int | None = None) -> list[int]:
+    """The live (non-zombie) processes of the group, or of the machine where `pgid` is None (from /proc)."""
+    members = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -171,9 +174,52 @@ def group_has_live_members(pgid: int) -> bool:
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+        if len(fields) > 2 and (pgid is None or int(fields[2]) == pgid) and fields[0] != "Z":
+            members.append(int(entry))
+    return members
+
+
+def group_has_live_members(pgid: int) -> bool:
+    """Whether any non-zombie process still belongs to the group (read from /proc)."""
+    return bool(group_members(pgid))
+
+
+SHM = "/dev/shm/"
+
+
+def shared_memory_files(pgid: int | None = None) -> set[str]:
+    """The /dev/shm files the group's processes (every process where `pgid` is None) have mapped or open.
+
+    vLLM's message queues between its processes are Python SharedMemory segments there (psm_*, 160 MiB
+    each seen); a server stopped with SIGKILL, its resource tracker with it, leaves them behind, in RAM."""
+    files = set()
+    for pid in group_members(pgid):
+        try:
+            with open(f"/proc/{pid}/maps") as fh:
+                files.update(line.split(None, 5)[5].strip() for line in fh if SHM in line)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(SHM):
+                    files.add(target)
+        except OSError:
+            continue
+    return {f.removesuffix(" (deleted)") for f in files if f.startswith(SHM) and not f.endswith(" (deleted)")}
+
+
+def remove_left_shared_memory(files: set[str]) -> list[str]:
+    """Remove those of `files` (a stopped server's, shared_memory_files) that still exist and that no live
+    process maps or holds open; returns their paths."""
+    left = {f for f in files if os.path.exists(f)}
+    if not left:
+        return []
+    removed = []
+    for path in sorted(left - shared_memory_files()):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 class ServerPool:

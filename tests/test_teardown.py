@@ -79,3 +79,55 @@ def test_a_stopped_servers_shared_memory_region_is_removed(tmp_path):
     assert not region.exists() and other.exists()
     assert remove_shared_regions(log) == []  # already gone: nothing to do, no error
     assert remove_shared_regions(tmp_path / "missing.log") == []
+
+
+HOLDER = """
+import ctypes, os, pathlib, sys, time
+mapped, opened, ready = sys.argv[1:]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+fd = os.open(mapped, os.O_RDWR | os.O_CREAT, 0o600)
+os.ftruncate(fd, 4096)
+assert libc.mmap(None, 4096, 3, 1, fd, 0) not in (None, ctypes.c_void_p(-1).value)  # shared, read-write
+os.close(fd)  # mapped, no descriptor: only /proc/PID/maps shows it
+held = open(opened, "wb")  # open, not mapped: only /proc/PID/fd shows it
+pathlib.Path(ready).write_text("ready")
+time.sleep(60)
+"""
+
+
+def test_shared_memory_a_killed_server_group_left_is_removed_and_nothing_else(tmp_path):
+    # vLLM's message queues are SharedMemory segments in /dev/shm; a group killed with its resource tracker
+    # leaves them behind (160 MiB each seen).
+    import uuid
+    from pytest_kvoffload.server import remove_left_shared_memory, shared_memory_files
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    mine, opened, held, unrelated = (shm / f"kvoffload-test-{name}-{uuid.uuid4()}"
+                                     for name in ("mapped", "opened", "held", "other"))
+    unrelated.write_bytes(b"x")
+    ready = tmp_path / "ready"
+    group = subprocess.Popen([sys.executable, "-c", HOLDER, str(mine), str(opened), str(ready)],
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert time.monotonic() < deadline and group.poll() is None, "the holder never started"
+            time.sleep(0.05)
+        found = shared_memory_files(group.pid)
+        assert {str(mine), str(opened)} <= found and str(unrelated) not in found
+        # The control: a file still in use by a live process outside the group is kept, though listed.
+        with open(held, "w+b") as keep:
+            assert remove_left_shared_memory(found | {str(held)}) == []  # the group still lives: nothing goes
+            os.killpg(group.pid, signal.SIGKILL)
+            group.wait(timeout=10)
+            assert remove_left_shared_memory(found | {str(held)}) == sorted([str(mine), str(opened)])
+            assert not mine.exists() and not opened.exists() and held.exists() and unrelated.exists()
+            keep.write(b"x")
+    finally:
+        if group.poll() is None:
+            os.killpg(group.pid, signal.SIGKILL)
+        for path in (mine, opened, held, unrelated):
+            path.unlink(missing_ok=True)
