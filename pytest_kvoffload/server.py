@@ -151,9 +151,13 @@ def remove_shared_regions(log_path: Path) -> list[str]:
         text = log_path.read_bytes()
     except OSError:
         return []
+    return unlink_all(match.group(1).decode() for match in _SHARED_REGION.finditer(text))
+
+
+def unlink_all(paths) -> list[str]:
+    """Remove each of `paths`; returns those removed (one already gone is no error)."""
     removed = []
-    for match in _SHARED_REGION.finditer(text):
-        path = match.group(1).decode()
+    for path in paths:
         try:
             os.unlink(path)
             removed.append(path)
@@ -212,14 +216,7 @@ def remove_left_shared_memory(files: set[str]) -> list[str]:
     left = {f for f in files if os.path.exists(f)}
     if not left:
         return []
-    removed = []
-    for path in sorted(left - shared_memory_files()):
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except FileNotFoundError:
-            pass
-    return removed
+    return unlink_all(sorted(left - shared_memory_files()))
 
 
 class ServerPool:
