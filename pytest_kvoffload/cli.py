@@ -30,12 +30,15 @@ def _estimate(args) -> int:
 
 
 def _probe(args) -> int:
-    from .probe import probe_disk, probe_store
+    from .probe import probe_disk, probe_disk_bursts, probe_store
 
     try:
         result = probe_disk(args.path, args.request_mib << 20, args.size_mib << 20, args.repeats, args.threads)
         store = (probe_store(args.path, result.request_bytes, result.total_bytes, args.repeats, result.threads)
                  if args.store else None)
+        bursts = (probe_disk_bursts(args.path, result.request_bytes, args.bursts, args.gap_ms / 1e3,
+                                    min(result.total_bytes, 32 << 20), args.repeats, result.threads,
+                                    read_burst=args.bursts) if args.bursts else None)
     except (NotADirectoryError, OSError) as exc:
         print(f"kvoffload probe disk: {exc}", file=sys.stderr)
         return 2
@@ -49,7 +52,8 @@ def _probe(args) -> int:
             return 2
     if args.json:
         print(json.dumps({**result.to_dict(), **({"fio": fio.to_dict()} if fio else {}),
-                          **({"store": store.to_dict()} if store else {})}))
+                          **({"store": store.to_dict()} if store else {}),
+                          **({"bursts": bursts.to_dict()} if bursts else {})}))
         return 0
     print(f"{result.path}: {result.describe()}; {result.total_bytes >> 20} MiB fresh file per pass, "
           f"median (min to max) of {args.repeats} passes")
@@ -62,6 +66,10 @@ def _probe(args) -> int:
         print(f"the connector's store alone (a chunk file per request, header, checksum, rename): "
               f"read {store.read_gbps:.2f} GB/s, write {store.write_gbps:.2f} GB/s; store / probe: "
               f"read {store.read_gbps / result.read_gbps:.2f}, write {store.write_gbps / result.write_gbps:.2f}")
+    if bursts:
+        print(f"in bursts (as the connector saves a step's chunks and loads a prompt's): {bursts.describe()}; "
+              f"bursts / continuous: read {bursts.read_gbps / result.read_gbps:.2f}, write "
+              f"{bursts.write_gbps / result.write_gbps:.2f}, over it {bursts.overwrite_gbps / result.overwrite_gbps:.2f}")
     return 0
 
 
@@ -173,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="also run fio with the same pattern and print the two side by side (needs fio)")
     disk.add_argument("--store", action="store_true",
                       help="also write and read the same bytes as the connector's chunk files (no engine)")
+    disk.add_argument("--bursts", type=_positive_int, default=None, metavar="N",
+                      help="also move N requests at once, then nothing for --gap-ms, as the connector's steps do")
+    disk.add_argument("--gap-ms", type=_positive_int, default=100, help="idle time between bursts, ms (default 100)")
     disk.add_argument("--json", action="store_true")
     disk.set_defaults(handler=_probe)
 

@@ -232,7 +232,7 @@ class BurstResult:
     """The drive alone in bursts: `burst` chunk-sized requests handed to `threads` threads at once, then
     `gap_s` of nothing, timed as the connector times its saves (bytes over the union of the bursts' walls)."""
     path: str
-    file_bytes: int
+    request_bytes: int
     burst: int
     gap_s: float
     threads: int

@@ -65,3 +65,20 @@ def test_probe_with_fio_missing_is_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert err == ("kvoffload probe disk --fio: fio is not installed; install it (e.g. apt install fio) to compare "
                    "the probe with it")
+
+
+def test_probe_in_bursts_prints_the_pattern_against_the_continuous_passes(tmp_path, capsys):
+    assert main(["probe", "disk", str(tmp_path), "--request-mib", "1", "--size-mib", "4", "--repeats", "1",
+                 "--bursts", "2", "--gap-ms", "10", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    bursts = out["bursts"]
+    assert bursts["burst"] == bursts["read_burst"] == 2 and bursts["gap_s"] == 0.01
+    assert min(bursts["write_gbps"], bursts["overwrite_gbps"], bursts["read_gbps"]) > 0
+    assert bursts["request_bytes"] == out["request_bytes"]  # the same requests as the continuous passes
+    assert main(["probe", "disk", str(tmp_path), "--request-mib", "1", "--size-mib", "4", "--repeats", "1",
+                 "--bursts", "2"]) == 0
+    assert "bursts / continuous: read" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(SystemExit):
+        main(["probe", "disk", str(tmp_path), "--bursts", "0"])
+    assert "--bursts" in capsys.readouterr().err

@@ -94,10 +94,12 @@ def test_named_threads_sharing_one_core_wait_for_it_and_a_sleeping_one_does_not(
     spinning = later["spin-pair"].since(first["spin-pair"])
     resting = later["idle-one"].since(first["idle-one"])
     assert spinning.threads == 2 and resting.threads == 1  # found by the name the kernel shows
-    # Two threads on one core for a second: together about a second on it, and one runnable while the
-    # other runs (less than half: they also take turns at the GIL, asleep). The sleeper is the control:
-    # neither time may move for it.
-    assert 0.5 < spinning.on_cpu_s <= 1.1, spinning
-    assert spinning.waiting_s > 0.15, spinning
+    # Two threads on one core for a second: at most that second on it, and one runnable while the other
+    # runs (they also take turns at the GIL, asleep). How much of the core they get depends on what else
+    # runs there (under xdist, another worker: 0.48 s on it and 1.23 waiting was seen), but the two times
+    # together cover most of the time they were runnable. The sleeper is the control: neither time may
+    # move for it.
+    assert 0.2 < spinning.on_cpu_s <= 1.1, spinning
+    assert spinning.waiting_s > 0.15 and spinning.on_cpu_s + spinning.waiting_s > 0.8, spinning
     assert resting.on_cpu_s < 0.05 and resting.waiting_s < 0.05, resting
     assert thread_times(proc.pid, "no-such-thread") is None
