@@ -1,10 +1,10 @@
-"""The connector's own save path with no engine beside it.
+"""The connector's own save and load paths with no engine beside them.
 
 A connector WorkerSide over a CPU KV cache of the model's geometry, in this process, fed a step's saves at
 a time as vLLM feeds it (wait_for_save, then get_finished until they are done), with `gap_s` of nothing
-between steps, and timed by its own counters (bytes written over the union of the steps' save walls, as
-in a server). Every line of the save path runs: the in-step gather, the I/O threads with their options,
-the store's recycled files. Against the drive alone in the same bursts (probe.probe_disk_bursts) it is
+between steps, then the chunks loaded back a load at a time, and timed by its own counters (bytes over
+the union of the steps' walls, as in a server). Every line of those paths runs: the in-step gather, the
+I/O threads with their options, the store's recycled files, the checked reads and scatters. Against the drive alone in the same bursts (probe.probe_disk_bursts) it is
 what the connector's code costs; the connector in a server against it is what sharing the machine with
 the engine costs.
 """
