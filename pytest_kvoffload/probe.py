@@ -238,8 +238,8 @@ class BurstResult:
     threads: int
     write_gbps: float  # median over passes
     write_range: tuple[float, float]
-    # probe_disk_bursts only: the same bursts written over the file just written (old blocks), and the fresh
-    # file read once in bursts of read_burst requests (a load's chunks); 0 where not measured
+    # The same bursts written over the file just written (old blocks), and the fresh file read once in
+    # bursts of read_burst requests (a load's chunks); read figures 0 where read_burst is 0
     overwrite_gbps: float = 0.0
     overwrite_range: tuple[float, float] = (0.0, 0.0)
     read_burst: int = 0
