@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import machine
+from . import compile_cache, machine
 from .connector.config import OPTIONS as CONNECTOR_OPTIONS
 from .connector.config import default_chunk_tokens
 from .settings import Settings
@@ -153,6 +153,8 @@ def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[lis
         # fast with a connector, a difference that would be credited to offload. The same reservation for
         # every backend keeps their engines equal.
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(settings.tensor_parallel))
+    # Servers of one model, dtype and shape load what the first one compiled (compile_cache.py says why).
+    env.update(compile_cache.server_env(machine.has_cuda(), env))
     env.update(spec.env)
     problem = offloading_spec_problem(backend.name, argv, machine.has_cuda())
     if problem:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from importlib import metadata
 
-from . import machine
+from . import compile_cache, machine
 
 
 def package_version(*names: str) -> str | None:
@@ -33,6 +33,7 @@ def describe() -> dict:
         "lmcache": package_version("lmcache"),
         "pytest_kvoffload": package_version("pytest-kvoffload"),
         "git_commit": git_commit(),
+        "compile": compile_cache.describe(machine.has_cuda()),
     }
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from . import distributed, fixtures, hookspecs, machine
+from . import compile_cache, distributed, fixtures, hookspecs, machine
 from .backends import BackendConfigError, LaunchContext, default_registry, server_command
 from .cells import State, grid
 from .fixtures import SESSION_KEY
@@ -112,7 +112,8 @@ def pytest_report_header(config):
             f"({s.kv_bytes_per_token:,} KV bytes/token); lengths {','.join(map(str, s.lengths))}; "
             f"fractions {','.join(f'{f:g}' for f in s.fractions)}; rounds {s.rounds}; device {machine.device_kind()}",
             f"kvoffload: dtype {s.dtype}: {s.dtype_reason}; CPU {cpu['cpu']}, {cpu['cpu_count']} cores, "
-            f"flags {' '.join(cpu['cpu_flags']) or 'none of note'}"] + [
+            f"flags {' '.join(cpu['cpu_flags']) or 'none of note'}",
+            f"kvoffload: {compile_cache.describe(machine.has_cuda())}"] + [
             f"kvoffload: {name}: {note}" for name in s.backends
             if (note := session.registry.get(name).platform_note())]
 

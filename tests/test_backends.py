@@ -297,3 +297,16 @@ def test_another_python_runs_the_server_and_its_versions_are_read(tmp_path):
     versions = interpreter_versions(sys.executable)
     assert versions["vllm"] and versions["torch"]
     assert "error" in interpreter_versions(str(tmp_path / "no-python"))
+
+
+def test_cpu_servers_share_what_the_first_one_compiled(tmp_path, monkeypatch):
+    import pytest_kvoffload.machine as machine
+
+    monkeypatch.setattr(machine, "has_cuda", lambda: False)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vc"))
+    for name in ("gpu-only", "kvoffload-disk"):
+        _, env = command(name, tmp_path)
+        assert env["VLLM_USE_AOT_COMPILE"] == "0"
+        assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "vc" / "torch_compile_cache" / "inductor")
