@@ -19,7 +19,7 @@ TEST_TRACE ?= $(if $(MOONCAKE),--kv-trace=$(MOONCAKE) --kv-trace-slice=12 --kv-t
 BENCH_TRACE ?= $(if $(MOONCAKE),--kv-trace=$(MOONCAKE) --kv-trace-slice=24 --kv-trace-tokens-per-block=16 --kv-trace-time-scale=0.005)
 PYTEST_ARGS ?=
 
-.PHONY: bench test venv clean
+.PHONY: bench test venv clean test-args servers
 
 venv: $(STAMP)
 
@@ -37,6 +37,13 @@ bench: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest tests suites $(TEST_GRID) $(PYTEST_ARGS)
+
+# What make test passes to pytest (tests/test_server_plan.py reads it), and the servers it would start.
+test-args:
+	@echo $(TEST_GRID)
+
+servers: $(STAMP)
+	$(PY) -m pytest tests suites $(TEST_GRID) --kv-server-plan -q
 
 clean:
 	rm -rf $(VENV) results/*-*/ .pytest_cache

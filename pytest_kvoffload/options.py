@@ -36,6 +36,7 @@ class Option:
     name: str  # its dest and its ini key
     help: str
     repeatable: bool = False  # given any number of times; in the ini file a list split like a shell
+    switch: bool = False  # a flag without a value, on the command line only (nothing to check)
 
 
 # Defaults not written here come from the machine (machine.defaults) or from the parser that reads the option.
@@ -58,6 +59,9 @@ OPTIONS = (
     Option("--kv-results-dir", "kv_results_dir", "where run folders are written (default: results)"),
     Option("--kv-server-url", "kv_server_url", "measure this running vLLM server instead of starting one"),
     Option("--kv-server-timeout", "kv_server_timeout", "seconds to wait for a server's /health (default: 600)"),
+    Option("--kv-server-plan", "kv_server_plan",
+           "print the vLLM servers the selected tests would start, and which tests start each, then stop "
+           "without starting any (server_plan.py)", switch=True),
     Option("--kv-server-arg", "kv_server_args", "extra vLLM server arguments, split like a shell (repeatable)",
            repeatable=True),
     Option("--kv-backend-python", "kv_backend_python",
@@ -113,7 +117,9 @@ def add_options(parser) -> None:
     """Declare every option with pytest: a command-line flag and an ini key."""
     group = parser.getgroup("kvoffload", "KV offload break-even measurements (pytest-kvoffload)")
     for option in OPTIONS:
-        if option.repeatable:
+        if option.switch:
+            group.addoption(option.flag, dest=option.name, action="store_true", default=False, help=option.help)
+        elif option.repeatable:
             group.addoption(option.flag, dest=option.name, action="append", default=[], help=option.help)
             parser.addini(option.name, type="args", help=option.help, default=[])
         else:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from . import compile_cache, distributed, fixtures, hookspecs, machine
+from . import compile_cache, distributed, fixtures, hookspecs, machine, server_plan
 from .backends import BackendConfigError, LaunchContext, default_registry, server_command
 from .cells import State, grid
 from .fixtures import SESSION_KEY
@@ -67,6 +67,7 @@ def check_server_commands(settings: Settings, registry) -> None:
 def pytest_configure(config):
     config.addinivalue_line("markers", "kv_after_cells: runs after the other tests of its backend, whose "
                                        "measured cells it reads (the break-even, the recompute fit)")
+    config.addinivalue_line("markers", server_plan.MARKER_HELP)
     registry = default_registry()
     config.hook.pytest_kvoffload_register_backends(registry=registry)
     try:
@@ -208,6 +209,26 @@ class PhaseClock:
         self.session.add_phase(report.nodeid.split("::")[0], report.duration)
 
 
+def pytest_collection_finish(session):
+    kv = session.config.stash.get(SESSION_KEY, None)
+    if kv is not None:
+        kv.server_plan = server_plan.plan(
+            session.items, lambda name: name not in kv.registry or kv.registry.get(name).unavailable_reason() is None,
+            kv.settings.ab)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    """--kv-server-plan: print the servers the selected tests would start, and start none."""
+    kv = session.config.stash.get(SESSION_KEY, None)
+    if kv is None or not session.config.getoption("kv_server_plan") or kv.server_plan is None:
+        return None
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for line in kv.server_plan.lines():
+        reporter.write_line(line)
+    return True
+
+
 def pytest_sessionfinish(session, exitstatus):
     kv = session.config.stash.get(SESSION_KEY, None)
     if kv is not None:
@@ -235,3 +256,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if kv.phases:
         terminalreporter.write_line("time by phase (a test file's time includes the start-ups it caused): " + ", ".join(
             f"{name} {seconds:.0f} s" for name, seconds in sorted(kv.phases.items(), key=lambda kv: -kv[1])))
+    if kv.starts or kv.server_plan is not None:
+        terminalreporter.write_line(server_plan.startup_line(kv.starts, kv.server_plan))

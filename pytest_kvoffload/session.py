@@ -62,6 +62,10 @@ class KVSession:
         self.phases: dict[str, float] = {}
         # Each server start-up's seconds: the next one's progress line, and a fresh salt per start.
         self.start_seconds: list[float] = []
+        # Which servers started, with their seconds (the closing line), and the collected tests' plan of
+        # servers (server_plan.py; set by the plugin once collection is done).
+        self.starts: list[tuple[str, float]] = []
+        self.server_plan = None
 
     def add_phase(self, name: str, seconds: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + seconds
@@ -133,6 +137,8 @@ class KVSession:
             raise
         if started:
             self.start_seconds.append(time.monotonic() - clock)
+            self.starts.append((backend.name, self.start_seconds[-1]))
+            self.run_record().set("server_starts", [{"server": n, "seconds": round(t, 1)} for n, t in self.starts])
             self.add_phase("server start-ups", self.start_seconds[-1])
             info = {"argv": server.argv, "log": str(server.log_path)}
             if backend.python:

@@ -19,6 +19,7 @@ def comparisons():
     return []
 
 
+@pytest.mark.kv_servers("{ab}")
 def test_ab(kv_session, kv_cell, comparisons):
     pair = kv_session.settings.ab
     if pair is None:

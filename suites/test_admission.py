@@ -17,7 +17,10 @@ import pytest
 
 from pytest_kvoffload import admission_check as check
 
-pytestmark = pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
+pytestmark = [pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session"),
+              # The unthrottled drive probe, the control and the guarded rule (a second control, [slow2], only
+              # when the first lacked a kind of cell: the closing line then names it as unplanned).
+              pytest.mark.kv_servers("{backend}", "{backend}[slow]", "{backend}[admission]")]
 
 # Five paired rounds are the fewest for which "all five slower" means slower with 95% confidence.
 MIN_ROUNDS = 5

@@ -4,7 +4,8 @@ A difference in cold TTFT between two backends is not offload's doing, yet every
 would credit it to offload. It happened: vLLM's CPU build reserves a core for its engine process and one
 more when a KV connector is configured, so on 2 cores a connector's engine got both cores and gpu-only's
 one, and cold prefill ran twice as fast with a connector (docs/machines.md). Cold rounds of both servers
-are interleaved with fresh prompts, and their paired ratios must lie within 10% at every length.
+are interleaved with fresh prompts, who goes first alternating, and their paired ratios must lie within 10%
+at every length.
 
 Between the two requests of a round the previous server must have gone idle: vLLM's worker busy-polls its
 message queue for a second after each message (SpinCondition's busy_loop_s in
@@ -26,6 +27,7 @@ ROUNDS = 5
 PAIR = ("gpu-only", "kvoffload-disk")
 
 
+@pytest.mark.kv_servers(*PAIR)
 def test_cold_prefill_is_the_same_with_and_without_a_connector(kv_session):
     settings = kv_session.settings
     if not set(PAIR) <= set(settings.backends):
@@ -40,13 +42,17 @@ def test_cold_prefill_is_the_same_with_and_without_a_connector(kv_session):
     for length in lengths:
         ratios, times = [], []
         for r in range(ROUNDS):
-            seconds = []
-            for backend in (base, other):  # both stay up on a CPU; on a GPU the pool alternates them
+            seconds = {}
+            # Who goes first alternates: on 2 cores the first request of a round was the slow one in 3 of
+            # 5 rounds at 384 tokens (84/72, 77/68, 62/66, 87/68, 61/64 ms, gpu-only always first), a 0.88
+            # median that was the order's, not the engines' (their cold cells agreed within 5%).
+            for backend in ((base, other) if r % 2 == 0 else (other, base)):  # both stay up on a CPU
                 tokens = make_prompt(length, 0.0, salt=f"{kv_session.salt}|equal|{backend.name}|{length}|{r}",
                                      vocab_size=settings.model.vocab_size).tokens
                 endpoint = kv_session.endpoint(backend)
                 time.sleep(IDLE_S)
-                seconds.append(stream_completion(endpoint, tokens).client_ttft_s)
+                seconds[backend.name] = stream_completion(endpoint, tokens).client_ttft_s
+            seconds = [seconds[base.name], seconds[other.name]]
             ratios.append(seconds[1] / seconds[0])
             times.append(seconds)
             tracker.step(f"{length} tokens, round {r + 1}", work=length)

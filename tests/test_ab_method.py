@@ -48,6 +48,7 @@ def test_the_pair_is_parsed_and_a_self_comparison_gets_a_twin():
 
 
 @pytest.mark.server
+@pytest.mark.kv_servers("{backend}", "{backend}~b")
 @pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
 def test_a_backend_against_itself_shows_no_difference(kv_session, kv_backend):
     # The false-positive check: the same configuration on two servers, both up, rounds interleaved.

@@ -16,7 +16,7 @@ from pytest_kvoffload.measure import OUTPUT_TOKENS, CellRunner
 from pytest_kvoffload.models import load_model
 from pytest_kvoffload.prompts import make_prompt
 
-pytestmark = [pytest.mark.server,
+pytestmark = [pytest.mark.server, pytest.mark.kv_servers("{backend}[fault]", "{backend}[fault-dummy]"),
               pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")]
 
 TRIALS = 20

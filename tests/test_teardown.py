@@ -29,6 +29,7 @@ def test_still_running_when_interrupted(kv_server):
 
 
 @pytest.mark.server
+@pytest.mark.kv_servers("gpu-only~inner")  # the inner session's own server
 def test_failed_test_then_ctrl_c_leaves_no_server_process(pytester):
     pytester.makepyfile(test_inner=INNER)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
