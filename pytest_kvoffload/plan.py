@@ -40,7 +40,10 @@ class Tier:
     name: str
     bandwidth_bps: float  # math.inf: loads cost only their fixed part
     capacity_bytes: float
-    fixed_s: float = 0.0  # per load, on top of the recompute fit's base `a` (as in calibration.json)
+    fixed_s: float = 0.0  # per load: a device's latency, or (calibrated) a tier hit's whole fixed cost
+    # Whether fixed_s holds the recompute fit's base `a`, as a calibration.json tier's fixed cost does (a
+    # tier hit's fitted intercept); a hand-given latency (--tier ...:0.1ms) comes on top of it.
+    includes_base: bool = False
 
     def describe(self) -> str:
         bw = "unmeasurably fast" if math.isinf(self.bandwidth_bps) else f"{self.bandwidth_bps / 1e9:g} GB/s"
@@ -63,9 +66,15 @@ class Profile:
         for name, tokens in tokens_by_tier.items():
             if tokens:
                 tier = self.tiers[name]
-                transfer = 0.0 if math.isinf(tier.bandwidth_bps) else tokens * self.kv_bytes_per_token / tier.bandwidth_bps
-                total += tier.fixed_s - self.recompute.a + transfer
+                total += self.tier_load_seconds(tier, tokens)
         return total
+
+    def tier_load_seconds(self, tier: Tier, tokens: int) -> float:
+        """What loading `tokens` from `tier` adds to a request's TTFT: never less than its transfer time.
+        A calibrated fixed cost below the fit's base (noise in two fitted intercepts) counts as none."""
+        transfer = 0.0 if math.isinf(tier.bandwidth_bps) else tokens * self.kv_bytes_per_token / tier.bandwidth_bps
+        fixed = max(0.0, tier.fixed_s - self.recompute.a) if tier.includes_base else tier.fixed_s
+        return fixed + transfer
 
     def ttft(self, prompt: int, cached: int, loaded: dict[str, int]) -> float:
         r = self.recompute
@@ -159,7 +168,7 @@ def calibration_profile(calibration: dict, tiers: list[Tier], engine_bytes: floa
             raise PlanError(f"--tier {tier.name}=cal: the calibration measured only {', '.join(sorted(measured))}")
         entry = measured[tier.name]
         bandwidth = entry["bandwidth_gbps"] * 1e9 if entry.get("bandwidth_gbps") else math.inf
-        chosen[tier.name] = Tier(tier.name, bandwidth, tier.capacity_bytes, max(0.0, entry["fixed_s"]))
+        chosen[tier.name] = Tier(tier.name, bandwidth, tier.capacity_bytes, max(0.0, entry["fixed_s"]), includes_base=True)
     kv = int(calibration["fingerprint"]["kv_bytes_per_token"])
     return Profile(recompute, kv, engine_bytes, chosen,
                    f"measured: {calibration['fingerprint'].get('model')} on {calibration['fingerprint'].get('device')}")
@@ -400,8 +409,9 @@ def break_even_prefix_tokens(profile: Profile, tier: str) -> float:
     from .analysis import TierFit, break_even_prefix
 
     t = profile.tiers[tier]
-    # calibration.json's fixed cost includes the base every request pays; the first-order profile's is 0.
-    fit = TierFit(t.bandwidth_bps, t.fixed_s, 0)
+    # A tier hit's whole fixed cost: calibration.json's holds the base every request pays; a hand-given
+    # latency comes on top of it (the first-order profile's base is 0).
+    fit = TierFit(t.bandwidth_bps, t.fixed_s if t.includes_base else profile.recompute.a + t.fixed_s, 0)
     return break_even_prefix(fit, profile.recompute, profile.kv_bytes_per_token)
 
 

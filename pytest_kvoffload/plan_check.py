@@ -70,7 +70,7 @@ def profile_of_run(recompute: dict, tier: dict | None, tier_name: str | None, kv
     tiers = {}
     if tier and tier_name:
         bandwidth = tier["bandwidth_gbps"] * 1e9 if tier.get("bandwidth_gbps") else float("inf")
-        tiers[tier_name] = Tier(tier_name, bandwidth, tier_capacity_bytes, max(0.0, tier["fixed_s"]))
+        tiers[tier_name] = Tier(tier_name, bandwidth, tier_capacity_bytes, max(0.0, tier["fixed_s"]), includes_base=True)
     return Profile(RecomputeFit(**recompute), kv_bytes_per_token, float(engine_tokens * kv_bytes_per_token), tiers,
                    "this run's measurements", hit_base_s)
 

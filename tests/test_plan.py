@@ -189,3 +189,41 @@ def test_a_calibration_profile_takes_measured_figures(tmp_path, capsys):
     record = json.loads((tmp_path / "out" / "plan.json").read_text())
     assert record["tiers"]["disk"]["bandwidth_bps"] == 0.8e9 and record["tiers"]["disk"]["fixed_s"] == 0.012
     assert not math.isnan(record["configurations"]["+disk"]["mean_ttft"])
+
+
+def calibration_with_base(base_s: float) -> dict:
+    return {"fingerprint": {"model": "tiny-llama", "kv_bytes_per_token": 4096, "device": "cpu"},
+            "tiers": {"kvoffload-disk": {"source": "disk", "bandwidth_gbps": 0.8, "fixed_s": base_s + 0.012,
+                                         "recompute": {"a": base_s, "b": 1.7e-4, "c": 1e-9}}}}
+
+
+def test_no_load_costs_less_than_its_transfer_over_random_calibrations_and_tiers():
+    """A hand-given tier beside a calibration with a non-zero base once cost -30 ms for 16 tokens."""
+    import random
+
+    from pytest_kvoffload.plan import calibration_profile
+
+    rng = random.Random(7)
+    for _ in range(300):
+        base = rng.choice([0.0, rng.uniform(0, 3.0)])
+        calibration = calibration_with_base(base)
+        calibration["tiers"]["kvoffload-disk"]["fixed_s"] = rng.uniform(0, 2 * base + 0.05)  # noise: below the base too
+        hand = Tier("host", rng.uniform(1e6, 60e9), 1e12, rng.uniform(0, 1e-3))
+        measured = Tier("disk", math.nan, 1e12)
+        profile = calibration_profile(calibration, [hand, measured], 1e9)
+        for name in ("host", "disk"):
+            tokens = rng.randint(1, 100_000)
+            t = profile.tiers[name]
+            transfer = tokens * profile.kv_bytes_per_token / t.bandwidth_bps
+            assert profile.load_seconds({name: tokens}) >= transfer - 1e-12, (name, base, t)
+
+
+def test_a_hand_given_tier_pays_its_latency_on_top_of_the_calibrated_base():
+    from pytest_kvoffload.plan import break_even_prefix_tokens, calibration_profile
+
+    profile = calibration_profile(calibration_with_base(3.0), [parse_tier("disk=0.001GB/s:1TB:0ms")], 1e9)
+    # 1 MB/s: 512 tokens (2 MB) take 2 s to load; the base is paid either way, so the load costs 2 s.
+    assert profile.load_seconds({"disk": 512}) == pytest.approx(512 * 4096 / 1e6)
+    # ...and never pays against recomputing 512 tokens (about 0.09 s): no break-even within reach.
+    assert profile.ttft(1024, 512, {"disk": 512}) > profile.ttft(1024, 0, {})
+    assert break_even_prefix_tokens(profile, "disk") > 10_000 or math.isinf(break_even_prefix_tokens(profile, "disk"))
