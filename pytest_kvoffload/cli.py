@@ -86,42 +86,44 @@ def _report(args) -> int:
     return 0
 
 
-def _compare_pair(label: str, base: dict, new: dict, fail_above: float, allow_missing: bool) -> list[str]:
-    """Print one comparison's table; return what fails the gate, one line each."""
-    from .compare import compare, missing_backends, regressions, undecided
+def _compare_pair(label: str, base: dict, new: dict, limits: dict, allow_missing: bool) -> tuple[list[str], int]:
+    """Print one comparison's table; return what fails the gate, one line each, and the undecided cells."""
+    from .compare import compare, limit, missing_backends, regressions, undecided
 
     changes, only_base, only_new = compare(base, new)
-    rows = [[*c.key[:2], f"{c.key[2]:g}", c.key[3], f"{c.base_s * 1e3:,.1f}", f"{c.new_s * 1e3:,.1f}",
-             f"{c.ratio:.3f}", f"±{c.tolerance * 100:.0f}%", c.verdict(fail_above)] for c in changes]
+    rows = [[*c.key[:2], f"{c.key[2]:g}", c.key[3], c.stat, f"{c.base_s * 1e3:,.1f}", f"{c.new_s * 1e3:,.1f}",
+             f"{c.ratio:.3f}", f"±{c.tolerance * 100:.0f}%", c.verdict(limit(c.stat, limits))] for c in changes]
     print(f"{label}: base {base.get('run_id')}  new {new.get('run_id')}")
-    print(tabulate(rows, headers=["backend", "length", "cached", "state", "base ms", "new ms", "new/base", "noise",
-                                  "verdict"], disable_numparse=True))
+    print(tabulate(rows, headers=["backend", "length", "cached", "state", "stat", "base ms", "new ms", "new/base",
+                                  "noise", "verdict"], disable_numparse=True))
     for what, keys in (("only in base", only_base), ("only in new", only_new)):
         if keys:
             print(f"{what}: " + ", ".join("/".join(str(k) for k in key) for key in keys))
-    open_cells = undecided(changes, fail_above)
+    open_cells = undecided(changes, limits)
     if open_cells:
-        print(f"undecided: {len(open_cells)} cell(s) whose noise reaches past {fail_above:.0%}; rerun with more "
-              f"rounds to decide them")
+        print(f"undecided: {len(open_cells)} cell(s) whose noise reaches past their limit (p50 "
+              f"{limits['p50']:.0%}, p90 {limits['p90']:.0%}); rerun with more rounds to decide them")
     failures = []
-    bad = regressions(changes, fail_above)
-    if bad:
-        worst = max(bad, key=lambda c: c.ratio)
-        failures.append(f"{label}: {len(bad)} cell(s) slower than {fail_above:.0%}; worst "
-                        f"{'/'.join(str(k) for k in worst.key)} {worst.ratio:.2f}x")
+    for stat in limits:
+        bad = [c for c in regressions(changes, limits) if c.stat == stat]
+        if bad:
+            worst = max(bad, key=lambda c: c.ratio)
+            failures.append(f"{label}: {len(bad)} cell(s) with {stat} slower than {limits[stat]:.0%}; worst "
+                            f"{'/'.join(str(k) for k in worst.key)} {worst.ratio:.2f}x")
     if only_base and not allow_missing:
         gone = missing_backends(base, new)
         failures.append(f"{label}: {len(only_base)} cell(s) of the base not measured"
                         + (f" (backends {', '.join(gone)} missing)" if gone else "") + "; --allow-missing to accept")
-    return failures
+    return failures, len(open_cells)
 
 
 def _compare(args) -> int:
-    from .compare import CompareError, check_comparable, parse_percent
+    from .compare import UNDECIDED_EXIT, CompareError, check_comparable, parse_percent
     from .records import RecordError, read_run
 
     try:
-        fail_above = parse_percent(args.fail_above)
+        limits = {"p50": parse_percent(args.fail_above),
+                  "p90": parse_percent(args.fail_above_p90, "--fail-above-p90")}
         base, new = read_run(args.base), read_run(args.new)
         check_comparable(base, new, args.force)
         pinned = read_run(args.baseline) if args.baseline else None
@@ -130,15 +132,21 @@ def _compare(args) -> int:
     except (RecordError, CompareError) as exc:
         print(f"kvoffload compare: {exc}", file=sys.stderr)
         return 2
-    failures = _compare_pair("against the previous run", base, new, fail_above, args.allow_missing)
+    failures, open_cells = _compare_pair("against the previous run", base, new, limits, args.allow_missing)
     if pinned is not None:
         print()
-        failures += _compare_pair("against the pinned baseline", pinned, new, fail_above, args.allow_missing)
+        more, more_open = _compare_pair("against the pinned baseline", pinned, new, limits, args.allow_missing)
+        failures, open_cells = failures + more, open_cells + more_open
     for failure in failures:
         print(f"FAIL: {failure}", file=sys.stderr)
     if failures:
         return 1
-    print(f"ok: no cell slower than {fail_above:.0%}" + (", nothing missing" if not args.allow_missing else ""))
+    if open_cells:
+        print(f"UNDECIDED: {open_cells} cell(s) could be past the limit within their noise; not a pass: rerun "
+              f"with more rounds (exit {UNDECIDED_EXIT})", file=sys.stderr)
+        return UNDECIDED_EXIT
+    print(f"ok: no cell slower than {limits['p50']:.0%} at p50 or {limits['p90']:.0%} at p90"
+          + (", nothing missing" if not args.allow_missing else ""))
     return 0
 
 
@@ -191,11 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run", help="a run folder under results/ or its run.json")
     report.set_defaults(handler=_report)
 
-    cmp = sub.add_parser("compare", help="two runs cell by cell; non-zero exit on a regression")
+    cmp = sub.add_parser("compare", help="two runs cell by cell (user-facing backends, p50 and p90); exit 1 on a "
+                                         "regression, 3 when only undecided cells stand in the way")
     cmp.add_argument("base")
     cmp.add_argument("new")
     cmp.add_argument("--fail-above", default="10%",
                      help="slowdown that fails the gate whatever the noise (default 10%%)")
+    cmp.add_argument("--fail-above-p90", default="10%",
+                     help="the same limit for each cell's p90 (default 10%%)")
     cmp.add_argument("--baseline", default=None,
                      help="a pinned run (e.g. the last release's) checked as well, so slow drift adds up against it")
     cmp.add_argument("--allow-missing", action="store_true",

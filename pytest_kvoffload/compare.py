@@ -7,6 +7,12 @@ inter-quartile range. The gate has a hard limit that noise cannot widen: a cell 
 that the noise cannot rule out being beyond the limit), which is reported, not passed silently.
 Comparing each night with a pinned baseline as well as with the previous night stops slow drift
 (5% a night passes every night-to-night gate at 10%, and fails against the pin on the second night).
+
+Only user-facing backends are compared (Backend.user_facing, recorded per backend in run.json): the
+admission suite's emulated drives, planted rules, fault servers and A/B twins are re-derived every run,
+and some exist only on some nights. p50 and p90 are compared, each against its own limit. Exit codes of
+`kvoffload compare`: 0 pass, 1 a regression or a missing backend, 2 bad input, 3 undecided cells only (the
+nightly workflow reruns with more rounds).
 """
 
 from __future__ import annotations
@@ -22,12 +28,17 @@ class CompareError(ValueError):
     pass
 
 
+STATS = ("p50", "p90")
+UNDECIDED_EXIT = 3
+
+
 @dataclass(frozen=True)
 class CellChange:
     key: tuple
     base_s: float
     new_s: float
     tolerance: float
+    stat: str = "p50"
 
     @property
     def ratio(self) -> float:
@@ -58,39 +69,58 @@ def check_comparable(base: dict, new: dict, force: bool = False) -> None:
             "pass --force to compare anyway")
 
 
+def gated_backends(base: dict, new: dict) -> set[str]:
+    """Backends either run measured that both runs call user-facing (a record without the flag, from
+    before it existed, counts as user-facing)."""
+    def flags(run):
+        return {name: entry.get("user_facing", True) for name, entry in (run.get("backends") or {}).items()}
+
+    fb, fn = flags(base), flags(new)
+    names = {c["backend"] for run in (base, new) for c in run.get("cells") or []}
+    return {name for name in names if fb.get(name, True) and fn.get(name, True)}
+
+
 def compare(base: dict, new: dict, floor: float = NOISE_FLOOR) -> tuple[list[CellChange], list[tuple], list[tuple]]:
-    """Changes for cells in both runs, plus the keys only in the base and only in the new run."""
-    b = {tuple(c[k] for k in KEY): c for c in base.get("cells") or []}
-    n = {tuple(c[k] for k in KEY): c for c in new.get("cells") or []}
+    """Changes (p50, then p90) for gated cells in both runs, plus the keys only in the base and only in the new run."""
+    gated = gated_backends(base, new)
+    b = {tuple(c[k] for k in KEY): c for c in base.get("cells") or [] if c["backend"] in gated}
+    n = {tuple(c[k] for k in KEY): c for c in new.get("cells") or [] if c["backend"] in gated}
     changes = []
     for key in sorted(set(b) & set(n), key=str):
         bt, nt = b[key]["ttft"], n[key]["ttft"]
         tolerance = max(floor, 2 * math.hypot(bt.get("spread", 0.0), nt.get("spread", 0.0)))
-        changes.append(CellChange(key, bt["p50"], nt["p50"], tolerance))
+        for stat in STATS:
+            if bt.get(stat) is not None and nt.get(stat) is not None:
+                changes.append(CellChange(key, bt[stat], nt[stat], tolerance, stat))
     return changes, sorted(set(b) - set(n), key=str), sorted(set(n) - set(b), key=str)
 
 
-def regressions(changes: list[CellChange], fail_above: float) -> list[CellChange]:
-    """Cells slower than the limit, whatever the noise."""
-    return [c for c in changes if c.ratio > 1 + fail_above]
+def limit(stat: str, limits: dict[str, float] | float) -> float:
+    return limits if isinstance(limits, (int, float)) else limits[stat]
 
 
-def undecided(changes: list[CellChange], fail_above: float) -> list[CellChange]:
-    return [c for c in changes if c.verdict(fail_above) == "undecided"]
+def regressions(changes: list[CellChange], limits: dict[str, float] | float) -> list[CellChange]:
+    """Cells slower than their statistic's limit, whatever the noise."""
+    return [c for c in changes if c.ratio > 1 + limit(c.stat, limits)]
+
+
+def undecided(changes: list[CellChange], limits: dict[str, float] | float) -> list[CellChange]:
+    return [c for c in changes if c.verdict(limit(c.stat, limits)) == "undecided"]
 
 
 def missing_backends(base: dict, new: dict) -> list[str]:
-    """Backends the base measured (cells) that the new run did not."""
+    """Gated backends the base measured (cells) that the new run did not."""
+    gated = gated_backends(base, new)
     have = {c["backend"] for c in new.get("cells") or []}
-    return sorted({c["backend"] for c in base.get("cells") or []} - have)
+    return sorted({c["backend"] for c in base.get("cells") or [] if c["backend"] in gated} - have)
 
 
-def parse_percent(text: str) -> float:
+def parse_percent(text: str, flag: str = "--fail-above") -> float:
     """'10%' or '0.1' -> 0.1"""
     try:
         value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
-        raise CompareError(f"--fail-above {text!r}: expected a percentage such as 10% or a fraction such as 0.1") from None
+        raise CompareError(f"{flag} {text!r}: expected a percentage such as 10% or a fraction such as 0.1") from None
     if value < 0:
-        raise CompareError(f"--fail-above {text!r}: must not be negative")
+        raise CompareError(f"{flag} {text!r}: must not be negative")
     return value

@@ -14,10 +14,10 @@ from urllib.parse import urlparse
 from . import machine
 from .backends import (BackendConfigError, BackendRegistry, register_ab, register_variants, split_backends,
                        use_python)
-from .calibration import CalibrationError, read_calibration
+from .calibration import CalibrationError, check_fingerprint, machine_fingerprint, read_calibration
 from .connector.config import ADMISSION_MODES, ConnectorConfig, ConnectorConfigError
 from .connector.config import OPTIONS as CONNECTOR_OPTIONS
-from .models import ModelError, ModelInfo, load_model
+from .models import DTYPE_BYTES, ModelError, ModelInfo, load_model
 from .replay_plan import ReplayPlan
 from .settings import Settings
 from .traces import FORMATS, Scaling, TraceError, read_trace, select
@@ -185,6 +185,9 @@ def build_settings(values: OptionValues, registry: BackendRegistry, ab: tuple[st
     check_fits_model(lengths, model)
     dtype, dtype_reason = parse_dtype(str(values.get("kv_dtype", "auto")), machine.native_dtype(model.dtype))
     results = parse_results_dir(values.get("kv_results_dir", "results"), values.root)
+    disk_opts = parse_disk_opts(values.items("kv_disk_opts"), block_size)
+    tensor_parallel = parse_positive_int("--kv-tensor-parallel", values.get("kv_tensor_parallel", 1))
+    check_calibration_here(disk_opts, model, dtype, block_size, tensor_parallel, results)
     return Settings(
         # An A/B run measures its pair (in every suite); --kv-backend chooses otherwise.
         backends=ab if ab else parse_backends(str(values.get("kv_backend", "all")), registry.names()),
@@ -203,13 +206,13 @@ def build_settings(values: OptionValues, registry: BackendRegistry, ab: tuple[st
         disk_gb=parse_positive_float("--kv-disk-gb", values.get("kv_disk_gb", machine.default_disk_gb(results))),
         gpu_memory_utilization=parse_positive_float(
             "--kv-gpu-memory-utilization", values.get("kv_gpu_memory_utilization", 0.9), upper=1.0),
-        tensor_parallel=parse_positive_int("--kv-tensor-parallel", values.get("kv_tensor_parallel", 1)),
+        tensor_parallel=tensor_parallel,
         dtype=dtype,
         dtype_reason=dtype_reason,
         max_prefill_s=parse_max_prefill(values.get("kv_max_prefill", d["max_prefill_s"])),
         lengths_given=values.given("kv_lengths"),
         admission=parse_admission(str(values.get("kv_admission", "queue"))),
-        disk_opts=parse_disk_opts(values.items("kv_disk_opts"), block_size),
+        disk_opts=disk_opts,
     )
 
 
@@ -322,9 +325,20 @@ def parse_dtype(value: str, native: tuple[str, str]) -> tuple[str, str]:
     return value, "chosen with --kv-dtype"
 
 
-# --kv-weights auto writes random weights only for models this small (tiny-llama: 55M parameters, 220 MB in
-# float32); a 3B model would be 12 GB of cache for a CPU run nobody should make with it.
+# --kv-weights auto writes random weights only for models this small. On a CPU: tiny-llama (55M parameters,
+# 220 MB in float32); a 3B model would be 12 GB of cache for a CPU run nobody should make with it. On a GPU
+# they are drawn on the GPU and kept in bf16: Llama 3.2 3B is 6.4 GB, 3.1 8B 16 GB, written once; a 70B
+# checkpoint (about 140 GB) is not, and is served with dummy weights, its output checks blind.
 AUTO_RANDOM_MAX_PARAMS = 200_000_000
+AUTO_RANDOM_MAX_PARAMS_GPU = 10_000_000_000
+
+
+def output_checks(model: ModelInfo) -> str:
+    """What the output checks can see with the model as served: one line for the header and run.json."""
+    if model.has_weights:
+        return "the model's own or seeded random weights: wrong KV changes the output"
+    return ("blind: vLLM's dummy weights (+-1e-3), which wrong KV does not change; --kv-weights random writes "
+            "seeded weights (Llama configs)")
 
 
 def parse_weights(value: str, model: ModelInfo, on_gpu: bool) -> ModelInfo:
@@ -333,13 +347,13 @@ def parse_weights(value: str, model: ModelInfo, on_gpu: bool) -> ModelInfo:
         raise OptionError(f"--kv-weights {value!r}: expected auto, random or dummy")
     if value == "dummy" or model.has_weights:
         return model
-    if value == "auto" and (on_gpu or model.config.get("model_type") != "llama"
-                            or model.parameter_count() > AUTO_RANDOM_MAX_PARAMS):
+    limit = AUTO_RANDOM_MAX_PARAMS_GPU if on_gpu else AUTO_RANDOM_MAX_PARAMS
+    if value == "auto" and (model.config.get("model_type") != "llama" or model.parameter_count() > limit):
         return model
     from .weights import with_random_weights
 
     try:
-        return with_random_weights(model)
+        return with_random_weights(model, on_gpu=on_gpu)
     except ModelError as exc:
         raise OptionError(str(exc)) from None
     except OSError as exc:
@@ -382,6 +396,22 @@ def parse_disk_opts(values: list[str], block_size: int) -> dict:
     except (ConnectorConfigError, CalibrationError) as exc:
         raise OptionError(f"--kv-disk-opt: {str(exc).removeprefix('kvoffload connector: ')}") from None
     return options
+
+
+def check_calibration_here(disk_opts: dict, model, dtype: str, block_size: int, tensor_parallel: int,
+                           results: Path) -> None:
+    """A --kv-disk-opt calibration measured for another model or machine stops the run here, with the field
+    and both values, rather than its server's start-up (the connector checks the same fields)."""
+    if not disk_opts.get("calibration"):
+        return
+    here = {"model": model.name, "dtype": dtype, "kv_bytes_per_token": model.kv_bytes_per_token(DTYPE_BYTES[dtype]),
+            "block_size": block_size, "device": machine.device_kind(),
+            **machine_fingerprint(disk_opts.get("store_dir") or results, tensor_parallel)}
+    try:
+        check_fingerprint(read_calibration(disk_opts["calibration"]), here, disk_opts["calibration"],
+                          str(disk_opts.get("calibration_mismatch", "refuse")))
+    except CalibrationError as exc:
+        raise OptionError(f"--kv-disk-opt: {exc}") from None
 
 
 def parse_results_dir(value, root: Path) -> Path:

@@ -354,22 +354,36 @@ def reuse_share(requests: list[TraceRequest]) -> float:
 
 
 def slice_by_tree(requests: list[TraceRequest], size: int, seed: int = 0) -> list[TraceRequest]:
-    """About `size` requests whose reuse chains are whole: requests grouped by their first hash id (one
-    prefix tree each), whole trees taken in a seeded random order until `size` is reached, trace order
-    kept. A first-N window cuts chains and keeps far less reuse than the trace has."""
+    """About `size` requests whose reuse chains are whole: requests grouped into prefix trees (by their
+    first hash id), whole trees taken in a seeded random order until `size` is reached, trace order kept.
+    A first-N window cuts chains and keeps far less reuse than the trace has.
+
+    A tree larger than `size` itself (reuse living in one large tree: every request sharing a system
+    prompt) is not cut like a window: its sub-trees (the next hash id) are taken the same way, so the slice
+    keeps both the shared root and the sub-trees' own reuse."""
     import random
 
-    trees: dict = {}
-    for request in requests:
-        root = request.hash_ids[0] if request.hash_ids else ("alone", request.line)
-        trees.setdefault(root, []).append(request)
-    roots = list(trees)
-    random.Random(seed).shuffle(roots)
+    rng = random.Random(seed)
     chosen: list[TraceRequest] = []
-    for root in roots:
-        if len(chosen) >= size:
-            break
-        chosen.extend(trees[root])
+
+    def take(group: list[TraceRequest], depth: int) -> None:
+        trees: dict = {}
+        for request in group:
+            ids = request.hash_ids
+            root = tuple(ids[:depth + 1]) if len(ids) > depth else ("alone", request.line)
+            trees.setdefault(root, []).append(request)
+        roots = list(trees)
+        rng.shuffle(roots)
+        for root in roots:
+            if len(chosen) >= size:
+                return
+            tree = trees[root]
+            if len(tree) > size and root[0] != "alone":
+                take(tree, depth + 1)
+            else:
+                chosen.extend(tree)
+
+    take(requests, 0)
     chosen.sort(key=lambda r: r.line)
     return chosen
 

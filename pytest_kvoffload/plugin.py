@@ -14,7 +14,7 @@ from .cells import State, grid
 from .fixtures import SESSION_KEY
 from .records import RecordError, read_run
 from .report import render
-from .options import OptionError, OptionValues, add_options, read_options
+from .options import OptionError, OptionValues, add_options, output_checks, read_options
 from .progress import ProgressLine
 from .session import KVSession
 from .settings import Settings
@@ -81,6 +81,7 @@ def pytest_configure(config):
                for name, value in vars(settings).items() if name != "model"}
     options["model"] = {"name": settings.model.name, "path": str(settings.model.path),
                         "kv_bytes_per_token": settings.kv_bytes_per_token}
+    options["output_checks"] = output_checks(settings.model)
     if replay_plan is not None:
         options["trace"] = replay_plan.describe()
     worker = distributed.worker_id(config)
@@ -114,7 +115,8 @@ def pytest_report_header(config):
             f"fractions {','.join(f'{f:g}' for f in s.fractions)}; rounds {s.rounds}; device {machine.device_kind()}",
             f"kvoffload: dtype {s.dtype}: {s.dtype_reason}; CPU {cpu['cpu']}, {cpu['cpu_count']} cores, "
             f"flags {' '.join(cpu['cpu_flags']) or 'none of note'}",
-            f"kvoffload: {compile_cache.describe(machine.has_cuda())}"] + [
+            f"kvoffload: {compile_cache.describe(machine.has_cuda())}",
+            f"kvoffload: output checks: {output_checks(s.model)}"] + [
             f"kvoffload: {name}: {note}" for name in s.backends
             if (note := session.registry.get(name).platform_note())]
 

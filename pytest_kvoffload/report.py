@@ -56,6 +56,9 @@ HEADERS = ["length", "cached", "cold ms", "engine-hit ms", "speed-up", "engine s
 
 def render(run: dict) -> str:
     lines = []
+    checks = (run.get("options") or {}).get("output_checks") or ""
+    if checks.startswith("blind"):
+        lines += [f"output checks {checks}: every output_matches below is true whatever KV was loaded", ""]
     tables = ttft_rows(run.get("cells") or [])
     for name, entry in (run.get("backends") or {}).items():
         status = entry.get("status", "?")
@@ -75,6 +78,7 @@ def render(run: dict) -> str:
         lines.append("")
     lines.extend(break_even_lines(run.get("analysis") or {}))
     lines.extend(transfer_lines(run.get("backends") or {}))
+    lines.extend(client_server_lines(run.get("cells") or []))
     dropped = excluded(run.get("measurements") or [])
     if dropped:
         lines.append(f"excluded from every cell, fit and calibration: {len(dropped)} unverified requests")
@@ -95,6 +99,42 @@ TRANSFERS = (("kvoffload:load_duration_seconds", "load time", 1e3, "ms"),
              ("kvoffload:load_size_bytes", "load size", 1e-6, "MB"),
              ("kvoffload:save_duration_seconds", "save time (per step)", 1e3, "ms"),
              ("kvoffload:save_size_bytes", "save size (per step)", 1e-6, "MB"))
+
+
+# Client minus server TTFT above this is flagged: it is time the engine's own TTFT does not see.
+CLIENT_GAP_FLAG_S = 0.005
+
+
+def client_server_lines(cells: list[dict]) -> list[str]:
+    """Per backend: the median over cells of client p50 minus server p50 TTFT, cold and tier hits apart.
+
+    vLLM's server TTFT (per-request metrics, vllm/entrypoints/generate/base/serving.py) runs from the
+    request's SCHEDULED event to its first token. It leaves out the HTTP path and tokenising, the queue,
+    and, for a connector that loads asynchronously (kvoffload-disk, vLLM's OffloadingConnector), the wait
+    for the KV: such a request is marked scheduled only once its load finished (v1/core/sched/scheduler.py).
+    So a tier hit's gap beyond the cold one is the tier's load, not the client.
+    """
+    gaps: dict[str, dict[str, list[float]]] = {}
+    for c in cells:
+        server = c.get("server_ttft") or {}
+        if server.get("p50") is None or not c.get("ttft"):
+            continue
+        gaps.setdefault(c["backend"], {}).setdefault(c["state"], []).append(c["ttft"]["p50"] - server["p50"])
+    if not gaps:
+        return []
+    lines = ["client minus server TTFT, median over cells (server TTFT starts when vLLM schedules the request: "
+             "it leaves out HTTP, the queue and an asynchronous KV load)"]
+    for backend, by_state in gaps.items():
+        median = {state: sorted(v)[len(v) // 2] for state, v in by_state.items()}
+        parts = [f"{state} {ms * 1e3:.1f} ms" for state, ms in median.items()]
+        overall = sorted(g for v in by_state.values() for g in v)
+        flag = f"  FLAG: above {CLIENT_GAP_FLAG_S * 1e3:.0f} ms" if overall[len(overall) // 2] > CLIENT_GAP_FLAG_S else ""
+        line = f"  {backend}: {', '.join(parts)}{flag}"
+        if "tier-hit" in median and "cold" in median and median["tier-hit"] - median["cold"] > CLIENT_GAP_FLAG_S:
+            line += (f"; tier hits {(median['tier-hit'] - median['cold']) * 1e3:.1f} ms more than cold: the tier's "
+                     "asynchronous load, in the client's TTFT and not the server's")
+        lines.append(line)
+    return lines + [""]
 
 
 def transfer_lines(backends: dict) -> list[str]:

@@ -140,7 +140,7 @@ class KVSession:
             self.starts.append((backend.name, self.start_seconds[-1]))
             self.run_record().set("server_starts", [{"server": n, "seconds": round(t, 1)} for n, t in self.starts])
             self.add_phase("server start-ups", self.start_seconds[-1])
-            info = {"argv": server.argv, "log": str(server.log_path)}
+            info = {"argv": server.argv, "log": str(server.log_path), "user_facing": backend.user_facing}
             if backend.python:
                 info.update(python=backend.python, versions=interpreter_versions(backend.python))
             self.run_record().set_backend(backend.name, "running", **info)

@@ -58,36 +58,41 @@ def llama_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def with_random_weights(model: ModelInfo, seed: int = 0, root: Path | None = None) -> ModelInfo:
-    """`model` served from a folder holding its config and seeded random weights (made on first use)."""
+def with_random_weights(model: ModelInfo, seed: int = 0, root: Path | None = None, on_gpu: bool = False) -> ModelInfo:
+    """`model` served from a folder holding its config and seeded random weights (made on first use). On a
+    GPU they are drawn there and kept in bf16 (half the bytes; the served dtype on a GPU is the model's)."""
     if model.config.get("model_type") != "llama":
         raise ModelError(f"--kv-weights random: only Llama-architecture configs are supported, not "
                          f"{model.config.get('model_type')!r} ({model.name}); use --kv-weights dummy")
     if model.has_weights:
         return model
     digest = hashlib.blake2b(json.dumps(model.config, sort_keys=True).encode(), digest_size=6).hexdigest()
-    folder = (root or cache_dir()) / "models" / f"{model.name}-random{seed}-{digest}"
+    kind = "-bf16" if on_gpu else ""
+    folder = (root or cache_dir()) / "models" / f"{model.name}-random{seed}{kind}-{digest}"
     if not (folder / WEIGHTS_FILE).is_file():
-        _write(model, folder, seed)
+        _write(model, folder, seed, on_gpu)
     return ModelInfo(name=model.name, path=folder.resolve(), config=model.config)
 
 
-def _write(model: ModelInfo, folder: Path, seed: int) -> None:
+def _write(model: ModelInfo, folder: Path, seed: int, on_gpu: bool = False) -> None:
     import torch
     from safetensors.torch import save_file
 
-    generator = torch.Generator().manual_seed(seed)
+    device = "cuda" if on_gpu and torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    generator = torch.Generator(device=device).manual_seed(seed)
     tensors = {}
     for name, shape in llama_shapes(model.config).items():
         if name.endswith("norm.weight"):
-            tensors[name] = torch.ones(shape)
+            tensors[name] = torch.ones(shape, dtype=dtype)
         else:
             std = EMBED_STD if "embed_tokens" in name else STD
-            tensors[name] = torch.randn(shape, generator=generator) * std
+            drawn = torch.randn(shape, generator=generator, device=device) * std
+            tensors[name] = drawn.to(dtype).cpu()
     staging = folder.with_name(folder.name + f".tmp{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    config = dict(model.config, torch_dtype="float32")
+    config = dict(model.config, torch_dtype="bfloat16" if on_gpu else "float32")
     (staging / "config.json").write_text(json.dumps(config, indent=2))
     save_file(tensors, str(staging / WEIGHTS_FILE), metadata={"format": "pt"})
     try:

@@ -161,3 +161,68 @@ def test_calibration_margin_is_twice_the_noise_within_bounds():
         return build_calibration(analysis, settings(), {"device": "cpu"})["tiers"]["kvoffload-disk"]["margin"]
 
     assert margin(0.04) == 0.08 and margin(0.0) == 0.02 and margin(0.9) == 0.5
+
+
+# ---- calibrations that know their machine ----
+
+from pytest_kvoffload import machine  # noqa: E402
+from pytest_kvoffload.calibration import filesystem_of, machine_fingerprint  # noqa: E402
+from pytest_kvoffload.options import OptionError, OptionValues, build_settings  # noqa: E402
+
+
+def here(tmp_path) -> dict:
+    return {"model": "tiny-llama", "kv_bytes_per_token": 4096, "block_size": 128, "device": "cpu",
+            "dtype": "bfloat16", **machine_fingerprint(tmp_path, 1)}
+
+
+def test_the_fingerprint_names_the_machine_and_the_store_filesystem(tmp_path):
+    fp = build_calibration({}, settings(), {"device": "cpu"}, store_dir=tmp_path)["fingerprint"]
+    assert fp["cpu"] == machine.cpu_model() and fp["tensor_parallel"] == 1
+    assert fp["cpu_flags"] == " ".join(f for f in machine.RECORDED_FLAGS if f in machine.cpu_flags())
+    assert fp["store_fs"] == filesystem_of(tmp_path) and " on /" in fp["store_fs"]
+    assert "vllm" in fp and "gpu" in fp
+
+
+@pytest.mark.parametrize("field,foreign", [("cpu", "Intel Xeon Platinum 8480+"), ("cpu_flags", "avx2"),
+                                           ("gpu", "NVIDIA H100 80GB HBM3"), ("tensor_parallel", 2),
+                                           ("vllm", "0.1.0"), ("store_fs", "/dev/nvme0n1 on /nvme (xfs)")])
+def test_a_calibration_from_another_machine_is_refused_naming_the_field(tmp_path, field, foreign):
+    cal = calibration()
+    cal["fingerprint"].update(machine_fingerprint(tmp_path, 1), dtype="bfloat16")
+    check_fingerprint(cal, here(tmp_path))  # its own machine: accepted
+    cal["fingerprint"][field] = foreign
+    with pytest.raises(CalibrationError) as exc:
+        check_fingerprint(cal, here(tmp_path), "c.json")
+    message = str(exc.value)
+    assert "\n" not in message and f"{field}: file {foreign!r}, server " in message
+    assert "calibration_mismatch=accept" in message
+    assert check_fingerprint(cal, here(tmp_path), "c.json", mismatch="accept") == [
+        f"{field}: file {foreign!r}, server {here(tmp_path)[field]!r}"]
+
+
+def test_a_foreign_calibration_stops_the_run_before_any_server_and_can_be_accepted(tmp_path):
+    from pytest_kvoffload.backends import default_registry
+
+    settings_now = build_settings(OptionValues.from_mapping({"kv_results_dir": str(tmp_path)}), default_registry())
+    cal = build_calibration({"kvoffload-disk": {"recompute": TIER["recompute"], "tier": {**TIER, "points": 4}}},
+                            settings_now, {"device": machine.device_kind()})
+    path = tmp_path / "cal.json"
+    write_calibration(path, cal)
+    opts = {"kv_results_dir": str(tmp_path), "kv_disk_opts": [f"calibration={path}"]}
+    build_settings(OptionValues.from_mapping(opts), default_registry())  # measured here: taken
+    cal["fingerprint"]["cpu"] = "Another CPU"
+    write_calibration(path, cal)
+    with pytest.raises(OptionError, match=r"^--kv-disk-opt: calibration .*cpu: file 'Another CPU', server "):
+        build_settings(OptionValues.from_mapping(opts), default_registry())
+    accepted = {**opts, "kv_disk_opts": [f"calibration={path}", "calibration_mismatch=accept"]}
+    assert build_settings(OptionValues.from_mapping(accepted), default_registry()).disk_opts["calibration_mismatch"] == "accept"
+
+
+def test_a_version_1_file_is_refused_by_the_connector_check_and_read_by_the_planner(tmp_path):
+    old = calibration()
+    old["schema_version"] = 1
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    data = read_calibration(path)  # the planner reads it: it checks no machine
+    with pytest.raises(CalibrationError, match="version 1, whose fingerprint does not name the machine"):
+        check_fingerprint(data, here(tmp_path), path)

@@ -57,3 +57,22 @@ def test_a_model_folder_is_named_by_the_folder_and_its_run_id_is_one_folder_name
     model = load_model(str(folder))
     assert model.name == "hm"
     assert "/" not in make_run_id(model.name) and "/" not in make_run_id("/odd/name with spaces")
+
+
+def test_random_weights_for_a_gpu_are_bf16_in_a_folder_of_their_own(tmp_path):
+    from safetensors import safe_open
+
+    from pytest_kvoffload.models import ModelInfo
+    from pytest_kvoffload.weights import WEIGHTS_FILE, with_random_weights
+
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,
+              "num_hidden_layers": 2, "max_position_embeddings": 512}
+    model = ModelInfo(name="mini", path=tmp_path / "cfg", config=config)
+    cpu = with_random_weights(model, root=tmp_path)
+    gpu = with_random_weights(model, root=tmp_path, on_gpu=True)  # drawn on the GPU where there is one
+    assert cpu.path != gpu.path and "-bf16-" in gpu.path.name
+    with safe_open(str(gpu.path / WEIGHTS_FILE), "pt") as f:
+        assert str(f.get_tensor("model.embed_tokens.weight").dtype) == "torch.bfloat16"
+    with safe_open(str(cpu.path / WEIGHTS_FILE), "pt") as f:
+        assert str(f.get_tensor("model.embed_tokens.weight").dtype) == "torch.float32"

@@ -161,6 +161,7 @@ BAD_DISK_OPTS = {
     "read_gbps": ("fast", "read_gbps 'fast' must be a number of GB/s"),
     "read_latency_ms": ("-5", "read_latency_ms -5.0 must not be negative"),
     "calibration": ("/no/such.json", "calibration /no/such.json: no such file"),
+    "calibration_mismatch": ("maybe", "calibration_mismatch 'maybe' must be 'refuse' or 'accept'"),
     "load_mode": ("lazy", "load_mode 'lazy' must be 'async' or 'sync'"),
     "admission": ("maybe", "admission 'maybe' must be one of queue, static"),
     "fault": ("melt", "fault 'melt' must be one of zero, shift, alternate"),
@@ -225,3 +226,33 @@ def test_good_values_make_settings(tmp_path, cpu_machine):
 def test_mapping_with_an_unknown_option_name_is_refused():
     with pytest.raises(KeyError, match="kv_lenghts"):
         OptionValues.from_mapping({"kv_lenghts": "512"})
+
+
+# ---- output checks with teeth on a GPU, and said to be blind where they are ----
+
+def test_auto_weights_on_a_gpu_are_random_below_the_stated_size(monkeypatch):
+    import pytest_kvoffload.weights as weights
+    from pytest_kvoffload.models import load_model
+    from pytest_kvoffload.options import AUTO_RANDOM_MAX_PARAMS_GPU, output_checks, parse_weights
+
+    made = []
+    monkeypatch.setattr(weights, "with_random_weights", lambda model, on_gpu=False: made.append((model.name, on_gpu))
+                        or model)
+    for name in ("llama-3.2-3b", "llama-3.1-8b"):
+        assert load_model(name).parameter_count() < AUTO_RANDOM_MAX_PARAMS_GPU
+        parse_weights("auto", load_model(name), on_gpu=True)
+    assert made == [("llama-3.2-3b", True), ("llama-3.1-8b", True)]
+    big = load_model("llama-3.3-70b")
+    assert big.parameter_count() > AUTO_RANDOM_MAX_PARAMS_GPU
+    served = parse_weights("auto", big, on_gpu=True)
+    assert not served.has_weights and output_checks(served).startswith("blind: vLLM's dummy weights")
+    assert parse_weights("dummy", load_model("llama-3.2-3b"), on_gpu=True).has_weights is False
+    assert len(made) == 2
+
+
+def test_a_report_of_a_dummy_weight_run_says_its_output_checks_are_blind():
+    from pytest_kvoffload.report import render
+
+    blind = render({"options": {"output_checks": "blind: vLLM's dummy weights (+-1e-3)"}, "backends": {}, "cells": []})
+    assert blind.startswith("output checks blind: vLLM's dummy weights")
+    assert "blind" not in render({"options": {"output_checks": "seeded random weights"}, "backends": {}, "cells": []})

@@ -227,3 +227,31 @@ def test_a_hand_given_tier_pays_its_latency_on_top_of_the_calibrated_base():
     # ...and never pays against recomputing 512 tokens (about 0.09 s): no break-even within reach.
     assert profile.ttft(1024, 512, {"disk": 512}) > profile.ttft(1024, 0, {})
     assert break_even_prefix_tokens(profile, "disk") > 10_000 or math.isinf(break_even_prefix_tokens(profile, "disk"))
+
+
+def one_large_tree(n_sub=30, per_sub=8, seed=3):
+    """Every request shares its first block (one prefix tree, a system prompt); under it, sub-trees of
+    requests sharing a document, each request with its own question at the end."""
+    import random
+
+    rng = random.Random(seed)
+    requests, line = [], 0
+    order = [(s, q) for s in range(n_sub) for q in range(per_sub)]
+    rng.shuffle(order)
+    for s, q in order:
+        doc = [1000 + s * 10 + k for k in range(4)]
+        requests.append(TraceRequest(line, float(line), 7 * BLOCK + 1, 1, tuple([0, *doc, 100_000 + line, 200_000 + line])))
+        line += 1
+    return requests
+
+
+@pytest.mark.parametrize("size", [12, 24])
+def test_a_slice_of_one_large_tree_keeps_the_traces_reuse_within_10_points(size):
+    requests = one_large_tree()
+    whole = reuse_share(requests)
+    window = requests[:size]
+    sliced = slice_by_tree(requests, size)
+    assert size <= len(sliced) < size + 8  # whole sub-trees: "about" size
+    for chosen in (sliced, sliced[:size]):  # the replay keeps the first `size` (replay_plan.py)
+        assert abs(reuse_share(chosen) - whole) <= 0.10, (reuse_share(chosen), whole, reuse_share(window))
+    assert abs(reuse_share(window) - whole) > 0.10  # the window the old slice fell back to loses it

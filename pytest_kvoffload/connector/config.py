@@ -50,7 +50,8 @@ SWITCH_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False
 
 # Every kv_connector_extra_config key the connector reads.
 OPTIONS = frozenset({"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps",
-                     "read_latency_ms", "calibration", "load_mode", "admission", "fault", "io_slice_us"})
+                     "read_latency_ms", "calibration", "calibration_mismatch", "load_mode", "admission", "fault",
+                     "io_slice_us"})
 
 
 def default_chunk_tokens(block_size: int) -> int:
@@ -70,6 +71,9 @@ class ConnectorConfig:
     read_bytes_per_s: float | None = None  # emulate a slower drive
     read_latency_s: float = 0.0  # and its access latency: each load's reads start this much later
     calibration: Path | None = None
+    # refuse: a calibration measured on another machine, model or drive stops the server (calibration.py);
+    # accept: it is used anyway and what differs is logged.
+    calibration_mismatch: str = "refuse"
     # async: the request waits in the scheduler while I/O threads read (hides loads behind queueing);
     # sync: the step that computes the request loads first (no extra scheduler round trips).
     load_mode: str = "async"
@@ -114,6 +118,10 @@ class ConnectorConfig:
         if admission not in ADMISSION_MODES:
             raise ConnectorConfigError(
                 f"kvoffload connector: admission {admission!r} must be one of {', '.join(ADMISSION_MODES)}")
+        mismatch = str(extra.get("calibration_mismatch", "refuse"))
+        if mismatch not in ("refuse", "accept"):
+            raise ConnectorConfigError(
+                f"kvoffload connector: calibration_mismatch {mismatch!r} must be 'refuse' or 'accept'")
         fault = extra.get("fault") or None
         if fault is not None and fault not in FAULTS:
             raise ConnectorConfigError(f"kvoffload connector: fault {fault!r} must be one of {', '.join(FAULTS)}")
@@ -132,6 +140,7 @@ class ConnectorConfig:
             read_bytes_per_s=float(read_gbps) * 1e9 if read_gbps is not None else None,
             read_latency_s=latency_ms / 1e3,
             calibration=Path(extra["calibration"]) if extra.get("calibration") else None,
+            calibration_mismatch=mismatch,
             load_mode=load_mode,
             admission=admission,
             fault=fault,

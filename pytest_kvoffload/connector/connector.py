@@ -8,7 +8,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from ..calibration import check_fingerprint, read_calibration, tier_entry
+from ..calibration import check_fingerprint, machine_fingerprint, read_calibration, tier_entry
 from .admission import FIXED_MODES, Admission, FixedAdmission
 from .config import ConnectorConfig
 from .hashing import key_root
@@ -48,8 +48,8 @@ def fingerprint(vllm_config, chunk_tokens: int) -> str:
     return "|".join(parts)
 
 
-def server_fingerprint(vllm_config) -> dict:
-    """This server's values of the fields a calibration file must match."""
+def server_fingerprint(vllm_config, store_dir) -> dict:
+    """This server's values of the fields a calibration file must match (calibration.CHECKED)."""
     import torch
     from vllm.platforms import current_platform
 
@@ -62,7 +62,8 @@ def server_fingerprint(vllm_config) -> dict:
     kv_bytes = (model.get_num_layers(vllm_config.parallel_config) * 2 * model.get_total_num_kv_heads()
                 * model.get_head_size() * itemsize)
     return {"model": name, "dtype": str(model.dtype).removeprefix("torch."), "kv_bytes_per_token": kv_bytes,
-            "block_size": cache.block_size, "device": current_platform.device_type}
+            "block_size": cache.block_size, "device": current_platform.device_type,
+            **machine_fingerprint(store_dir, vllm_config.parallel_config.tensor_parallel_size)}
 
 
 class KVOffloadDiskConnector(KVConnectorBase_V1):
@@ -103,8 +104,11 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
         if self.config.calibration is None:
             return None
         calibration = read_calibration(self.config.calibration)
-        actual = server_fingerprint(vllm_config)
-        check_fingerprint(calibration, actual, self.config.calibration)
+        actual = server_fingerprint(vllm_config, self.config.store_dir)
+        accepted = check_fingerprint(calibration, actual, self.config.calibration, self.config.calibration_mismatch)
+        if accepted:
+            log.warning("kvoffload: calibration %s measured elsewhere, accepted (calibration_mismatch=accept): %s",
+                        self.config.calibration, "; ".join(accepted))
         tier = tier_entry(calibration)
         log.info("kvoffload: %s admission rule from %s: %s GB/s, fixed %.1f ms, break-even prefix %s tokens",
                  self.config.admission, self.config.calibration, tier.get("bandwidth_gbps"), 1e3 * tier.get("fixed_s", 0.0),
