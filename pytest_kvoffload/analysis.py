@@ -27,11 +27,27 @@ class RecomputeFit:
         return self.a + self.b * n + self.c * n * n
 
 
+# Half-widths of the fits' intervals, in standard errors: about 95% (the noise of a line through a
+# handful of cells' medians, each measured in a few rounds; a normal approximation, stated as such).
+INTERVAL_SE = 2.0
+
+
 @dataclass(frozen=True)
 class TierFit:
     bandwidth_bps: float  # effective bytes per second of the tier (inf when loads cost nothing measurable)
     fixed_s: float
     points: int
+    # The fit's ~95% interval (INTERVAL_SE standard errors): the bandwidth's is (low, high), high inf when
+    # the slope's interval reaches 0: the loads were too small for this noise to tell their transfer time.
+    bandwidth_low_bps: float = 0.0
+    bandwidth_high_bps: float = math.inf
+    fixed_low_s: float = -math.inf
+    fixed_high_s: float = math.inf
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the transfer time was told apart from the noise (the bandwidth has an upper bound)."""
+        return math.isfinite(self.bandwidth_high_bps) and math.isfinite(self.bandwidth_bps)
 
     def load_seconds(self, tokens: float, kv_bytes_per_token: int) -> float:
         return self.fixed_s + tokens * kv_bytes_per_token / self.bandwidth_bps
@@ -54,6 +70,39 @@ def fit_recompute(lengths: list[float], seconds: list[float]) -> RecomputeFit:
     return RecomputeFit(float(t.mean()), 0.0, 0.0)
 
 
+def line_with_errors(x: np.ndarray, y: np.ndarray, sigma: np.ndarray | None = None) -> tuple[float, float, float, float]:
+    """Least squares y = slope x + intercept, and the standard errors of both. The noise is the larger of
+    the residuals' and the points' own (`sigma`, each point's standard error from its rounds): two points
+    leave no residual, yet their medians were noisy."""
+    n = len(x)
+    slope, intercept = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)[0]
+    residual = y - (slope * x + intercept)
+    variance = float(np.sum(residual ** 2) / (n - 2)) if n > 2 else 0.0
+    if sigma is not None and len(sigma):
+        variance = max(variance, float(np.mean(np.asarray(sigma) ** 2)))
+    sxx = float(np.sum((x - x.mean()) ** 2))
+    se_slope = math.sqrt(variance / sxx) if sxx > 0 else math.inf
+    se_intercept = math.sqrt(variance * (1 / n + x.mean() ** 2 / sxx)) if sxx > 0 else math.inf
+    return float(slope), float(intercept), se_slope, se_intercept
+
+
+def tier_fit_with_interval(slope: float, fixed: float, se_slope: float, se_fixed: float, points: int) -> TierFit:
+    """A TierFit from a line's slope (seconds per byte) and intercept, with its interval."""
+    low_slope, high_slope = slope - INTERVAL_SE * se_slope, slope + INTERVAL_SE * se_slope
+    bandwidth = 1.0 / slope if slope > 0 else math.inf
+    return TierFit(bandwidth, fixed, points,
+                   bandwidth_low_bps=1.0 / high_slope if high_slope > 0 else 0.0,
+                   bandwidth_high_bps=1.0 / low_slope if low_slope > 0 else math.inf,
+                   fixed_low_s=fixed - INTERVAL_SE * se_fixed, fixed_high_s=fixed + INTERVAL_SE * se_fixed)
+
+
+def point_sigma(cell: dict) -> float:
+    """The standard error of a cell's median TTFT from its rounds: spread is the relative half
+    inter-quartile range (0.674 sigma for normal noise), and a median of n rounds has 1.25 sigma / sqrt(n)."""
+    t = cell["ttft"]
+    return 1.2533 * (t.get("spread", 0.0) * t["p50"] / 0.6745) / math.sqrt(max(1, t.get("n", 1)))
+
+
 def fit_tier(points: list[tuple[int, int, float]], recompute: RecomputeFit, kv_bytes_per_token: int) -> TierFit | None:
     """points: (prompt tokens L, cached tokens p, tier-hit TTFT seconds), p > 0."""
     usable = [(L, p, t) for L, p, t in points if p > 0]
@@ -61,14 +110,14 @@ def fit_tier(points: list[tuple[int, int, float]], recompute: RecomputeFit, kv_b
         return None
     x = np.asarray([p * kv_bytes_per_token for _, p, _ in usable], dtype=float)
     y = np.asarray([t - (recompute(L) - recompute(p)) for L, p, t in usable], dtype=float)
-    if len(set(x)) >= 2:
-        slope, fixed = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)[0]
-    else:
-        slope, fixed = 0.0, float(y.mean())
+    if len(set(x)) < 2:
+        return TierFit(math.inf, float(y.mean()), len(usable))
+    slope, fixed, se_slope, se_fixed = line_with_errors(x, y)
     if slope <= 0:
         # Transfer time below what this grid resolves: all of the cost is fixed.
-        return TierFit(math.inf, float(y.mean()), len(usable))
-    return TierFit(float(1.0 / slope), float(fixed), len(usable))
+        return TierFit(math.inf, float(y.mean()), len(usable), bandwidth_low_bps=1.0 / (INTERVAL_SE * se_slope)
+                       if se_slope > 0 else 0.0)
+    return tier_fit_with_interval(slope, fixed, se_slope, se_fixed, len(usable))
 
 
 def load_and_recompute(tokens: float, local: float, recompute: RecomputeFit, fixed_s: float,
@@ -115,8 +164,10 @@ def frontier(lengths: list[int], p_star: float) -> dict[int, float | None]:
     return {n: (p_star / n if p_star < n else None) for n in lengths}
 
 
-def fit_tier_paired(pairs: list[tuple[int, float]], base_s: float, kv_bytes_per_token: int) -> TierFit | None:
-    """pairs: (cached tokens p, tier-hit TTFT minus engine-hit TTFT of the same cell).
+def fit_tier_paired(pairs: list[tuple[int, float]], base_s: float, kv_bytes_per_token: int,
+                    sigmas: list[float] | None = None) -> TierFit | None:
+    """pairs: (cached tokens p, tier-hit TTFT minus engine-hit TTFT of the same cell); sigmas: each
+    difference's standard error from the two cells' rounds (point_sigma), for the interval.
 
     An engine hit of the same cell computes the same suffix, so the difference is the tier's own cost,
     extra_fixed + p B / bw, free of the recompute fit's noise. base_s (what a hit costs with nothing to
@@ -127,14 +178,18 @@ def fit_tier_paired(pairs: list[tuple[int, float]], base_s: float, kv_bytes_per_
         return None
     x = np.asarray([p * kv_bytes_per_token for p, _ in usable], dtype=float)
     y = np.asarray([d for _, d in usable], dtype=float)
+    sigma = np.asarray([s for (p, _), s in zip(pairs, sigmas) if p > 0], dtype=float) if sigmas else None
     if len(set(x)) >= 2:
-        slope, extra = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)[0]
+        slope, extra, se_slope, se_extra = line_with_errors(x, y, sigma)
     else:
         slope, extra = (y[0] / x[0], 0.0) if y[0] > 0 else (0.0, float(y[0]))
+        se_slope, se_extra = math.inf, math.inf  # one prefix length: bandwidth and fixed cost are not separable
     fixed = base_s + max(0.0, float(extra))
     if slope <= 0:
-        return TierFit(math.inf, fixed, len(usable))
-    return TierFit(float(1.0 / slope), fixed, len(usable))
+        low = 1.0 / (INTERVAL_SE * se_slope) if 0 < se_slope < math.inf else 0.0
+        return TierFit(math.inf, fixed, len(usable), bandwidth_low_bps=low,
+                       fixed_low_s=fixed - INTERVAL_SE * se_extra, fixed_high_s=fixed + INTERVAL_SE * se_extra)
+    return tier_fit_with_interval(slope, fixed, se_slope, se_extra, len(usable))
 
 
 def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -> dict:
@@ -153,15 +208,18 @@ def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -
         source = tiers.get(backend)
         tier_cells = [c for c in mine if c["state"] == State.TIER_HIT.value and source]
         engine = {(c["length"], c["fraction"]): c for c in mine if c["state"] == State.ENGINE_HIT.value}
-        pairs = [(round(c["sources"].get(source, 0)), c["ttft"]["p50"] - engine[(c["length"], c["fraction"])]["ttft"]["p50"])
-                 for c in tier_cells if (c["length"], c["fraction"]) in engine]
+        paired = [(c, engine[(c["length"], c["fraction"])]) for c in tier_cells if (c["length"], c["fraction"]) in engine]
+        pairs = [(round(c["sources"].get(source, 0)), c["ttft"]["p50"] - e["ttft"]["p50"]) for c, e in paired]
+        sigmas = [math.hypot(point_sigma(c), point_sigma(e)) for c, e in paired]
         # What a hit costs beyond its suffix when nothing is transferred: the engine hits' residual.
         residual = [e["ttft"]["p50"] - (recompute(e["length"]) - recompute(round(e["sources"].get("device", 0))))
                     for e in engine.values()]
         if residual:
             entry["hit_base_s"] = max(0.0, float(np.median(residual)))
+        loaded = [round(c["sources"].get(source, 0)) * kv_bytes_per_token / 1e6 for c in tier_cells
+                  if c["sources"].get(source)]
         if pairs:
-            tier = fit_tier_paired(pairs, entry["hit_base_s"], kv_bytes_per_token)
+            tier = fit_tier_paired(pairs, entry["hit_base_s"], kv_bytes_per_token, sigmas)
             method = "paired with engine hits"
         else:
             hits = [(c["length"], round(c["sources"].get(source, 0)), c["ttft"]["p50"]) for c in tier_cells]
@@ -169,10 +227,21 @@ def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -
             method = "against the recompute fit"
         if tier is not None:
             p_star = break_even_prefix(tier, recompute, kv_bytes_per_token)
+            # The break-even prefix at the interval's lowest bandwidth: with the bandwidth unresolved, the
+            # prefix from which hits pay is known only as at most this.
+            slowest = TierFit(tier.bandwidth_low_bps or math.inf, tier.fixed_s, tier.points)
+            p_bound = break_even_prefix(slowest, recompute, kv_bytes_per_token) if tier.bandwidth_low_bps else math.inf
             entry["tier"] = {
                 "source": source,
                 "method": method,
                 "bandwidth_gbps": None if math.isinf(tier.bandwidth_bps) else tier.bandwidth_bps / 1e9,
+                "resolved": tier.resolved,
+                "bandwidth_interval_gbps": [tier.bandwidth_low_bps / 1e9,
+                                            None if math.isinf(tier.bandwidth_high_bps) else tier.bandwidth_high_bps / 1e9],
+                "fixed_interval_s": [None if math.isinf(tier.fixed_low_s) else tier.fixed_low_s,
+                                     None if math.isinf(tier.fixed_high_s) else tier.fixed_high_s],
+                "break_even_prefix_at_most_tokens": None if math.isinf(p_bound) else p_bound,
+                "load_mb": [min(loaded), max(loaded)] if loaded else None,
                 "fixed_s": tier.fixed_s,
                 "points": tier.points,
                 "break_even_prefix_tokens": None if math.isinf(p_star) else p_star,

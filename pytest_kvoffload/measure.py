@@ -92,6 +92,8 @@ class CellRunner:
         self._prompt: Prompt | None = None
         self._before: Snapshot | None = None
         self._pending: RequestResult | None = None
+        # A buffered disk tier's page-cache state before this round's hit (session.prepare_tier_read).
+        self._tier_read: dict | None = None
 
     def prompt(self, variant: str) -> Prompt:
         s = self.session
@@ -109,6 +111,8 @@ class CellRunner:
             if self.cell.state is State.TIER_HIT:
                 for result in place_in_tier_only(self.endpoint, self.backend, primer.tokens):
                     self._record(result, purpose="prime")
+                # A buffered disk tier could serve this hit from the page cache: not a disk read.
+                self._tier_read = self.session.prepare_tier_read(self.backend.name)
             else:
                 self._record(measure(self.endpoint, primer.tokens), purpose="prime")
         self._before = self.endpoint.metrics()
@@ -173,6 +177,8 @@ class CellRunner:
         }
         record.pop("output_token_ids", None)
         record.pop("top_logprobs", None)
+        if purpose != "prime" and self._tier_read is not None:
+            record["tier_page_cache"], self._tier_read = self._tier_read, None
         if expected is not None:
             record["expected_source"] = expected.source
             record["expected_cached"] = expected.tokens

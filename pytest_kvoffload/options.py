@@ -77,6 +77,9 @@ OPTIONS = (
     Option("--kv-admission", "kv_admission",
            "the rule the admission suite guards: queue (default), static, online, or the controls always / "
            "never, with which the suite must fail"),
+    Option("--kv-page-cache", "kv_page_cache",
+           "a buffered disk tier's files before each tier-only round: cold (dropped from the page cache, so "
+           "hits read the disk; default) or warm (left cached: figures served from memory, flagged so)"),
     Option("--kv-block-size", "kv_block_size",
            "KV block size in tokens passed to vLLM (default: 128 on CPU, 16 on GPU)"),
     Option("--kv-cpu-gib", "kv_cpu_gib",
@@ -212,6 +215,7 @@ def build_settings(values: OptionValues, registry: BackendRegistry, ab: tuple[st
         max_prefill_s=parse_max_prefill(values.get("kv_max_prefill", d["max_prefill_s"])),
         lengths_given=values.given("kv_lengths"),
         admission=parse_admission(str(values.get("kv_admission", "queue"))),
+        page_cache=parse_page_cache(str(values.get("kv_page_cache", "cold"))),
         disk_opts=disk_opts,
     )
 
@@ -287,6 +291,12 @@ def parse_positive_float(option: str, value, upper: float | None = None) -> floa
 def parse_admission(value: str) -> str:
     if value not in ADMISSION_MODES:
         raise OptionError(f"--kv-admission {value!r}: expected one of {', '.join(ADMISSION_MODES)}")
+    return value
+
+
+def parse_page_cache(value: str) -> str:
+    if value not in ("cold", "warm"):
+        raise OptionError(f"--kv-page-cache {value!r}: expected cold (the default: hits read the disk) or warm")
     return value
 
 

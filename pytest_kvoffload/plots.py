@@ -79,9 +79,17 @@ def plot_break_even_bandwidth(run: dict, path: Path) -> Path | None:
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], "o-", color=color,
                     label=f"{backend}: break-even bandwidth (fully cached prompt)")
-        if tier.get("bandwidth_gbps"):
+        interval = tier.get("bandwidth_interval_gbps")
+        if tier.get("bandwidth_gbps") and tier.get("resolved", True):
             ax.axhline(tier["bandwidth_gbps"], color=color, linestyle="--",
-                       label=f"{backend}: measured {tier['bandwidth_gbps']:.3g} GB/s effective")
+                       label=f"{backend}: measured {tier['bandwidth_gbps']:.3g} GB/s effective"
+                       + (f" (95%: {interval[0]:.3g} to {interval[1]:.3g})" if interval and interval[1] else ""))
+            if interval and interval[1]:
+                ax.axhspan(interval[0], interval[1], color=color, alpha=0.12)
+        elif interval and interval[0]:
+            # Unresolved: only a lower bound is known; a dotted line at it, not a measurement.
+            ax.axhline(interval[0], color=color, linestyle=":",
+                       label=f"{backend}: bandwidth unresolved, at least {interval[0]:.3g} GB/s")
     return _finish(fig, ax, path, "bandwidth (GB/s)",
                    f"Break-even bandwidth vs measured tier bandwidth, {_model(run)}")
 

@@ -107,3 +107,21 @@ def paired_verdict(base_runs: list[list[float | None]], runs: list[list[float | 
     low, high = interval(ratios)
     return {"pairs": len(ratios), "median_ratio": float(np.median(ratios)), "interval": [low, high],
             "verdict": verdict(ratios)}
+
+
+def offload_verdict(base: dict, r: dict) -> str:
+    """A backend's replay against gpu-only's, request by request over the repeats (paired_verdict); no
+    ratio at all when its tier served nothing."""
+    pv = paired_verdict(base["ttft_s_by_repeat"], r["ttft_s_by_repeat"])
+    tier_share = sum(v for s, v in r["hit_ratio"].items() if s != "device")
+    reads_counted = r.get("admission", "-") != "-"  # our connector counts the bytes it read; vLLM's tiers do not
+    if not tier_share or (reads_counted and not r.get("bytes_loaded")):
+        # Nothing came from the tier (or nothing was read): a ratio would credit the servers' difference to
+        # offload, so none is printed.
+        return f"offload played no part: no tier hits, {r.get('bytes_loaded', 0) / 1e6:.0f} MB loaded"
+    if pv["median_ratio"] is None:
+        return "undecided: no request answered by both"
+    low, high = pv["interval"]
+    spread = f"95% {low:.2f} to {high:.2f}" if low is not None and high is not None else "too few requests for an interval"
+    text = f"median request {pv['median_ratio']:.2f}x gpu-only ({spread}, {pv['pairs']} requests)"
+    return f"{text}: " + {"paid": "paid", "same": "no difference shown", "slower": "cost you"}[pv["verdict"]]

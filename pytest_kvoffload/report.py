@@ -76,9 +76,11 @@ def render(run: dict) -> str:
         if decisions:
             lines.append(decisions)
         lines.append("")
-    lines.extend(break_even_lines(run.get("analysis") or {}))
+    lines.extend(break_even_lines(run.get("analysis") or {},
+                                  ((run.get("environment") or {}).get("drive") or {}).get("read_gbps")))
     lines.extend(transfer_lines(run.get("backends") or {}))
     lines.extend(client_server_lines(run.get("cells") or []))
+    lines.extend(tier_io_lines(run.get("backends") or {}, run.get("measurements") or []))
     dropped = excluded(run.get("measurements") or [])
     if dropped:
         lines.append(f"excluded from every cell, fit and calibration: {len(dropped)} unverified requests")
@@ -137,6 +139,29 @@ def client_server_lines(cells: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def tier_io_lines(backends: dict, measurements: list[dict]) -> list[str]:
+    """Per disk backend: whether its tier reads with O_DIRECT, and for a buffered one what the page cache
+    held when its tier-only rounds began (session.prepare_tier_read)."""
+    lines = []
+    for name, entry in backends.items():
+        io = entry.get("tier_io")
+        if not io:
+            continue
+        if io["mode"] == "O_DIRECT":
+            lines.append(f"{name}: disk tier reads with O_DIRECT ({', '.join(io['folders'])}): no page cache in front")
+            continue
+        rounds = [m["tier_page_cache"] for m in measurements if m.get("backend") == name and m.get("tier_page_cache")]
+        after = sorted(r["after"]["resident_bytes"] for r in rounds)
+        held = f"{after[len(after) // 2] / 1e6:.1f} MB resident (median of {len(after)} rounds)" if after else "no rounds"
+        if io.get("page_cache") == "warm":
+            lines.append(f"{name}: FLAG: buffered disk tier with --kv-page-cache=warm: tier hits served from memory "
+                         f"({held} when they began)")
+        else:
+            lines.append(f"{name}: buffered disk tier: its files dropped from the page cache before every tier-only "
+                         f"round; {held} when the hit began")
+    return lines + ([""] if lines else [])
+
+
 def transfer_lines(backends: dict) -> list[str]:
     """Per backend with connector histograms: count, p50/p90/p99 (interpolated within buckets, as
     Prometheus's histogram_quantile does) and the mean of each load and save figure."""
@@ -163,20 +188,58 @@ def _gbps(value) -> str:
     return "never pays" if value is None else f"{value:.3f}"
 
 
-def break_even_lines(analysis: dict) -> list[str]:
-    """Per tier: measured bandwidth and fixed cost, break-even prefix, break-even bandwidth by length."""
+# A disk tier read faster than this times the O_DIRECT probe of its folder's drive is flagged: a page
+# cache in front of it, or a slope fitted from noise (native-disk once printed 71 GB/s beside a 1.4 GB/s drive).
+DRIVE_FLAG_RATIO = 1.5
+
+
+def _pays(p_star, at_most: bool = False) -> str:
+    if p_star is None:
+        return "never pays within 4M tokens"
+    if p_star <= 1:
+        return "pays at any prefix length"
+    return f"pays from {'at most ' if at_most else ''}a {p_star:,.0f}-token prefix"
+
+
+def tier_line(backend: str, tier: dict, drive_read_gbps: float | None = None) -> str:
+    """One tier's fitted figures with their interval, or 'unresolved' and the break-even as a bound."""
+    bw = tier["bandwidth_gbps"]
+    fixed = f"fixed {tier['fixed_s'] * 1e3:.1f} ms"
+    fixed_iv = tier.get("fixed_interval_s")
+    if fixed_iv and fixed_iv[0] is not None and fixed_iv[1] is not None:
+        fixed += f" (95%: {max(0.0, fixed_iv[0]) * 1e3:.1f} to {fixed_iv[1] * 1e3:.1f})"
+    head = f"{backend} break-even ({tier['source']} tier): "
+    if "resolved" not in tier:  # a record from before intervals were kept
+        return (head + f"measured {'>' if bw is None else ''}{'resolution' if bw is None else f'{bw:.3f} GB/s'} "
+                f"effective, {fixed}; " + _pays(tier["break_even_prefix_tokens"]))
+    low, high = tier["bandwidth_interval_gbps"]
+    loads = tier.get("load_mb")
+    sizes = f"loads of {loads[0]:.2g} to {loads[1]:.2g} MB" if loads else "its loads"
+    if tier["resolved"]:
+        line = (head + f"measured {bw:.3f} GB/s effective (95%: {low:.3g} to {high:.3g}), {fixed}; "
+                + _pays(tier["break_even_prefix_tokens"]))
+    else:
+        fitted = f"{bw:.3g} GB/s fitted, but " if bw is not None else ""
+        bound = f"at least {low:.3g} GB/s" if low else "no bound"
+        line = (head + f"bandwidth unresolved ({fitted}{sizes} take too little time to tell from the rounds' "
+                f"noise: {bound}), {fixed}; " + _pays(tier.get("break_even_prefix_at_most_tokens"), at_most=True))
+    figure = bw if bw is not None else low
+    if tier["source"] == "disk" and drive_read_gbps and figure and figure > DRIVE_FLAG_RATIO * drive_read_gbps:
+        line += (f"; FLAG: {figure / drive_read_gbps:.1f}x the O_DIRECT read of this run's drive "
+                 f"({drive_read_gbps:.2f} GB/s): a page cache in front of the tier, or a fit of noise")
+    return line
+
+
+def break_even_lines(analysis: dict, drive_read_gbps: float | None = None) -> list[str]:
+    """Per tier: measured bandwidth and fixed cost with their intervals, break-even prefix, break-even
+    bandwidth by length; a disk tier faster than the run's drive is flagged."""
     lines = []
     for backend, entry in analysis.items():
         tier = entry.get("tier")
         if not tier:
             continue
         bw = tier["bandwidth_gbps"]
-        p_star = tier["break_even_prefix_tokens"]
-        lines.append(
-            f"{backend} break-even ({tier['source']} tier): measured {'>' if bw is None else ''}"
-            f"{'resolution' if bw is None else f'{bw:.3f} GB/s'} effective, fixed {tier['fixed_s'] * 1e3:.1f} ms; "
-            + ("never pays within 4M tokens" if p_star is None else
-               "pays at any prefix length" if p_star <= 1 else f"pays from a {p_star:,.0f}-token prefix"))
+        lines.append(tier_line(backend, tier, drive_read_gbps))
         first_order = tier.get("first_order") or {}
         rows = [[length, _gbps(need), _gbps(first_order["gbps"][length]) if length in first_order.get("gbps", {}) else "-",
                  "yes" if (bw is None or (need is not None and bw >= need)) else "no",

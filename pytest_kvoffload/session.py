@@ -9,7 +9,7 @@ from pathlib import Path
 
 import requests
 
-from . import environment, machine
+from . import environment, machine, page_cache
 from .backends import Backend, BackendRegistry, LaunchContext, interpreter_versions, server_command
 from .client import Endpoint
 from .distributed import merge_runs, worker_records
@@ -66,6 +66,8 @@ class KVSession:
         # servers (server_plan.py; set by the plugin once collection is done).
         self.starts: list[tuple[str, float]] = []
         self.server_plan = None
+        # Per backend with a disk tier: its folders and I/O mode (page_cache.py), found at its start.
+        self.tier_io: dict[str, tuple[list[Path], str]] = {}
 
     def add_phase(self, name: str, seconds: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + seconds
@@ -143,11 +145,27 @@ class KVSession:
             info = {"argv": server.argv, "log": str(server.log_path), "user_facing": backend.user_facing}
             if backend.python:
                 info.update(python=backend.python, versions=interpreter_versions(backend.python))
+            folders = page_cache.tier_folders(server.argv)
+            if folders:
+                mode = page_cache.io_mode(folders[-1], page_cache.configured_direct(server.argv))
+                self.tier_io[backend.name] = (folders, mode)
+                info["tier_io"] = {"folders": [str(f) for f in folders], "mode": mode,
+                                   "page_cache": self.settings.page_cache if mode == "buffered" else "not used"}
             self.run_record().set_backend(backend.name, "running", **info)
             clock = time.monotonic()
             self.measure_speed(backend.name, server)
             self.add_phase("warm-ups and prefill-speed probes", time.monotonic() - clock)
         return server
+
+    def prepare_tier_read(self, name: str) -> dict | None:
+        """Before a tier-only round of a buffered disk tier: its files dropped from the page cache (or,
+        with --kv-page-cache=warm, only looked at), and what was resident. None for O_DIRECT tiers."""
+        folders, mode = self.tier_io.get(name, ([], ""))
+        if mode != "buffered":
+            return None
+        if self.settings.page_cache == "warm":
+            return {"mode": mode, "page_cache": "warm: served from memory", "after": page_cache.residency(folders)}
+        return {"mode": mode, "page_cache": "dropped", **page_cache.drop(folders)}
 
     def measure_speed(self, name: str, endpoint: Endpoint) -> PrefillSpeed:
         """Warm a fresh server up and time its cold prefill; the first measurement fixes the grid."""

@@ -38,6 +38,9 @@ class Settings:
     lengths_given: bool = False
     # The rule the admission suite's guarded server runs (--kv-admission; connector/admission.py).
     admission: str = "queue"
+    # A buffered disk tier's files before each tier-only round: "cold" (dropped from the page cache, so the
+    # hit reads the disk) or "warm" (left there: the figures are served from memory, and say so).
+    page_cache: str = "cold"
     # --kv-ab: the two backends an A/B run compares, both up at once (suites/test_ab.py); None: no A/B.
     ab: tuple[str, str] | None = None
 

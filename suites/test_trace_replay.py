@@ -16,7 +16,7 @@ from tabulate import tabulate
 
 from pytest_kvoffload.analysis import analyse
 from pytest_kvoffload.progress import Tracker
-from pytest_kvoffload.replay import paired_verdict, replay
+from pytest_kvoffload.replay import offload_verdict, replay
 from pytest_kvoffload.stats import cell_table
 
 NAME = "trace replay"
@@ -44,28 +44,11 @@ def _break_even_prefix(kv_session, backend):
     return tier.get("break_even_prefix_tokens") if tier else None
 
 
-def _verdict(base: dict, r: dict) -> str:
-    """Against gpu-only, request by request over the repeats (replay.paired_verdict)."""
-    pv = paired_verdict(base["ttft_s_by_repeat"], r["ttft_s_by_repeat"])
-    tier_share = sum(v for s, v in r["hit_ratio"].items() if s != "device")
-    reads_counted = r.get("admission", "-") != "-"  # our connector counts the bytes it read; vLLM's tiers do not
-    if not tier_share or (reads_counted and not r.get("bytes_loaded")):
-        # Nothing came from the tier (or nothing was read): a ratio would credit the servers' difference to
-        # offload, so none is printed.
-        return f"offload played no part: no tier hits, {r.get('bytes_loaded', 0) / 1e6:.0f} MB loaded"
-    if pv["median_ratio"] is None:
-        return "undecided: no request answered by both"
-    low, high = pv["interval"]
-    spread = f"95% {low:.2f} to {high:.2f}" if low is not None and high is not None else "too few requests for an interval"
-    text = f"median request {pv['median_ratio']:.2f}x gpu-only ({spread}, {pv['pairs']} requests)"
-    return f"{text}: " + {"paid": "paid", "same": "no difference shown", "slower": "cost you"}[pv["verdict"]]
-
-
 def _table(results: dict) -> str:
     rows = []
     base = results.get("gpu-only")
     for name, r in results.items():
-        verdict = _verdict(base, r) if base and name != "gpu-only" else "-"
+        verdict = offload_verdict(base, r) if base and name != "gpu-only" else "-"
         rows.append([name, r["requests"], f"{r['ttft_p50_s'] * 1e3:,.0f}", f"{r['ttft_p90_s'] * 1e3:,.0f}",
                      f"{r['ttft_p99_s'] * 1e3:,.0f}",
                      f"{r['arrival_p50_s'] * 1e3:,.0f} / {r['arrival_p99_s'] * 1e3:,.0f}",

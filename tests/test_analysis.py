@@ -177,3 +177,50 @@ def test_break_even_prefix_and_the_admission_rule_agree_on_random_calibrations()
             assert rule(round(below), round(below) + 1, 0) == (h(round(below)) > 0)
             checked += 1
     assert checked > 50
+
+
+# ---- bandwidths with their uncertainty ----
+
+def paired_cells(bw, fixed, lengths, spread, n=3, base=0.01):
+    """Cells of one tier backend: engine and tier hits of fully cached prompts whose difference is
+    extra fixed + p B / bw, each cell measured with `spread` relative noise over n rounds."""
+    recompute = RecomputeFit(base, 1e-4, 2e-8)
+    cells = [{"backend": "t", "length": L, "fraction": 0.0, "state": "cold", "sources": {},
+              "ttft": {"p50": recompute(L), "spread": spread, "n": n}} for L in lengths]
+    for L in lengths:
+        p = L - 128
+        engine = recompute(L) - recompute(p) + base
+        cells.append({"backend": "t", "length": L, "fraction": 1.0, "state": "engine-hit", "sources": {"device": p},
+                      "ttft": {"p50": engine, "spread": spread, "n": n}})
+        cells.append({"backend": "t", "length": L, "fraction": 1.0, "state": "tier-hit", "sources": {"disk": p},
+                      "ttft": {"p50": engine + fixed + p * B / bw, "spread": spread, "n": n}})
+    return analyse(cells, B, {"t": "disk"})["t"]["tier"]
+
+
+def test_a_bandwidth_whose_transfers_dominate_is_resolved_with_an_interval_around_it():
+    tier = paired_cells(bw=30e6, fixed=0.02, lengths=[512, 1024, 2048, 4096], spread=0.01)
+    low, high = tier["bandwidth_interval_gbps"]
+    assert tier["resolved"] and low < 0.030 < high and high / low < 1.5
+    assert tier["fixed_interval_s"][0] < tier["fixed_s"] < tier["fixed_interval_s"][1]
+
+
+def test_loads_inside_the_noise_leave_the_bandwidth_unresolved_and_the_break_even_a_bound():
+    # 2 GB/s: a 16 MB load takes 8 ms, beside cells of 100 to 1,200 ms measured at 5% spread.
+    tier = paired_cells(bw=2e9, fixed=0.005, lengths=[512, 1024, 2048, 4096], spread=0.05)
+    assert not tier["resolved"] and tier["bandwidth_interval_gbps"][1] is None
+    assert 0 < tier["bandwidth_interval_gbps"][0] < 2.0
+    assert tier["break_even_prefix_at_most_tokens"] is not None
+
+
+def test_the_report_prints_no_bandwidth_without_its_interval_and_flags_one_faster_than_the_drive():
+    from pytest_kvoffload.report import tier_line
+
+    resolved = paired_cells(bw=30e6, fixed=0.02, lengths=[512, 1024, 2048, 4096], spread=0.01)
+    line = tier_line("t", resolved, drive_read_gbps=1.4)
+    assert "measured 0.030 GB/s effective (95%: " in line and "FLAG" not in line
+    noisy = paired_cells(bw=2e9, fixed=0.005, lengths=[512, 1024, 2048, 4096], spread=0.05)
+    line = tier_line("t", noisy, drive_read_gbps=1.4)
+    assert "bandwidth unresolved (" in line and "take too little time to tell from the rounds' noise: at least" in line
+    assert "pays from at most" in line or "pays at any prefix length" in line
+    fast = dict(resolved, bandwidth_gbps=71.369)
+    assert "FLAG: 51.0x the O_DIRECT read of this run's drive (1.40 GB/s)" in tier_line("t", fast, drive_read_gbps=1.4)

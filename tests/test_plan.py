@@ -255,3 +255,12 @@ def test_a_slice_of_one_large_tree_keeps_the_traces_reuse_within_10_points(size)
     for chosen in (sliced, sliced[:size]):  # the replay keeps the first `size` (replay_plan.py)
         assert abs(reuse_share(chosen) - whole) <= 0.10, (reuse_share(chosen), whole, reuse_share(window))
     assert abs(reuse_share(window) - whole) > 0.10  # the window the old slice fell back to loses it
+
+
+@pytest.mark.parametrize("size", [12, 24])
+def test_a_slice_of_the_shared_trace_keeps_its_reuse_within_10_points(size):
+    if not MOONCAKE.is_file():
+        pytest.skip("the shared Mooncake trace is not here")
+    from pytest_kvoffload.traces import read_trace, select
+    requests = select(read_trace(MOONCAKE), Scaling())
+    assert abs(reuse_share(slice_by_tree(requests, size)[:size]) - reuse_share(requests)) <= 0.10

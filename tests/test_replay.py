@@ -85,3 +85,18 @@ def test_paired_verdict_leaves_out_unanswered_requests():
     result = paired_verdict([[1.0, None, 2.0]], [[0.5, 1.0, 1.0]])
     assert result["pairs"] == 2 and result["median_ratio"] == 0.5
     assert paired_verdict([], [[1.0]])["verdict"] == "undecided"
+
+
+def test_a_replay_whose_tier_loaded_nothing_prints_no_offload_ratio():
+    from pytest_kvoffload.replay import offload_verdict
+
+    base = {"ttft_s_by_repeat": [[0.10, 0.20, 0.30]] * 3}
+    faster = {"ttft_s_by_repeat": [[0.09, 0.18, 0.27]] * 3}
+    nothing = offload_verdict(base, {**faster, "hit_ratio": {"device": 0.3}, "bytes_loaded": 0.0,
+                                     "admission": "0 in, 0 out"})
+    assert nothing == "offload played no part: no tier hits, 0 MB loaded" and "x gpu-only" not in nothing
+    # Tokens counted from the tier, yet our connector read no byte (every load failed): still no ratio.
+    counted = offload_verdict(base, {**faster, "hit_ratio": {"disk": 0.2}, "bytes_loaded": 0.0, "admission": "3 in, 0 out"})
+    assert counted.startswith("offload played no part")
+    loaded = offload_verdict(base, {**faster, "hit_ratio": {"disk": 0.2}, "bytes_loaded": 5e6, "admission": "3 in, 0 out"})
+    assert loaded.startswith("median request 0.90x gpu-only")
