@@ -238,7 +238,8 @@ def run_admission(session, backend: Backend, mode: str, rounds: int) -> Admissio
 
 def summary(run: AdmissionRun, calibration_lines: list[str]) -> str:
     tier = next(iter(run.calibration["tiers"].values()))
-    p_star = tier.get("break_even_prefix_tokens")
+    # The prefix the rule enforces (its margin included), not the margin-0 one where hits start to pay.
+    p_star = tier.get("enforced_break_even_prefix_tokens", tier.get("break_even_prefix_tokens"))
     negative, positive = slower_hits(run.control), paid_cells(run.control)
     slower, missed = slower_hits(run.guarded), missed_gains(run.control, run.guarded)
     lines = [
@@ -246,7 +247,8 @@ def summary(run: AdmissionRun, calibration_lines: list[str]) -> str:
         f"control (every load taken), {len(run.control.cells)} cells:",
         grid_table(run.control),
         *calibration_lines,
-        f"rule {run.mode}: break-even prefix {'-' if p_star is None else f'{p_star:,.0f} tokens'}, "
+        f"rule {run.mode}: enforced break-even prefix {'-' if p_star is None else f'{p_star:,.0f} tokens'} "
+        f"(hits pay from {tier.get('break_even_prefix_tokens') or 0:,.0f}), "
         f"margin {tier.get('margin', 0):.0%}, queue overlap {tier.get('queue_overlap') or 0:.2f}",
         grid_table(run.guarded),
         f"guarded: {len(run.guarded.admitted_cells())} cells admitted, {len(run.guarded.declined_cells())} declined",

@@ -139,16 +139,25 @@ def break_even_bandwidth(n: int, recompute: RecomputeFit, fixed_s: float, kv_byt
     return n * kv_bytes_per_token / budget if budget > 0 else math.inf
 
 
-def break_even_prefix(tier: TierFit, recompute: RecomputeFit, kv_bytes_per_token: int) -> float:
-    """The prefix length from which every longer hit beats recomputing it (inf: no such length).
+def admission_margin(noise: float) -> float:
+    """The share by which the connector's rule wants a load predicted to beat recompute before it takes it:
+    twice the cells' median relative spread, 2% to 50% (a smaller predicted gain is within the noise)."""
+    return round(min(0.5, max(0.02, 2 * noise)), 4)
 
-    h(p) = t(p) - load(p) = (a - fixed) + (b - s) p + c p^2, s the transfer seconds per token: a hit pays
-    where h > 0. With c > 0 that is outside the roots, so the answer is the larger root (1 when h has
-    none); a hit may also pay below the smaller root, on fixed costs alone, but not from there on.
+
+def break_even_prefix(tier: TierFit, recompute: RecomputeFit, kv_bytes_per_token: int, margin: float = 0.0) -> float:
+    """The prefix length from which every longer hit beats recomputing it (inf: no such length); with a
+    `margin`, beats (1 - margin) of it: the prefix from which the connector's rule admits a load.
+
+    h(p) = (1 - m) (t(p) - a) - (load(p) - ...) = (a - fixed) + ((1 - m) b - s) p + (1 - m) c p^2, s the
+    transfer seconds per token: a hit is taken where h > 0 (load_and_recompute at local 0). With c > 0 that
+    is outside the roots, so the answer is the larger root (1 when h has none); a hit may also pay below the
+    smaller root, on fixed costs alone, but not from there on.
     """
     s = 0.0 if math.isinf(tier.bandwidth_bps) else kv_bytes_per_token / tier.bandwidth_bps
-    # h(p) = recompute - load of load_and_recompute(p, 0, ...), expanded:
-    a, b, c = recompute.a - tier.fixed_s, recompute.b - s, recompute.c
+    # h(p) = (1 - m) recompute - load of load_and_recompute(p, 0, ...), expanded:
+    keep = 1.0 - margin
+    a, b, c = recompute.a - tier.fixed_s, keep * recompute.b - s, keep * recompute.c
     if c > 0:
         disc = b * b - 4 * a * c
         if disc < 0:
@@ -227,6 +236,8 @@ def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -
             method = "against the recompute fit"
         if tier is not None:
             p_star = break_even_prefix(tier, recompute, kv_bytes_per_token)
+            margin = admission_margin(entry["noise"])
+            enforced = break_even_prefix(tier, recompute, kv_bytes_per_token, margin)
             # The break-even prefix at the interval's lowest bandwidth: with the bandwidth unresolved, the
             # prefix from which hits pay is known only as at most this.
             slowest = TierFit(tier.bandwidth_low_bps or math.inf, tier.fixed_s, tier.points)
@@ -241,6 +252,9 @@ def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -
                 "fixed_interval_s": [None if math.isinf(tier.fixed_low_s) else tier.fixed_low_s,
                                      None if math.isinf(tier.fixed_high_s) else tier.fixed_high_s],
                 "break_even_prefix_at_most_tokens": None if math.isinf(p_bound) else p_bound,
+                # What the connector's static rule takes, margin included (calibration.json carries both).
+                "margin": margin,
+                "enforced_break_even_prefix_tokens": None if math.isinf(enforced) else enforced,
                 "load_mb": [min(loaded), max(loaded)] if loaded else None,
                 "fixed_s": tier.fixed_s,
                 "points": tier.points,

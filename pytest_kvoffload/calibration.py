@@ -14,11 +14,13 @@ import os
 from pathlib import Path
 
 from . import machine
+from .analysis import admission_margin
 from .records import atomic_write_json
 
 SCHEMA = "pytest-kvoffload/calibration"
-# 2: the fingerprint holds the machine (cpu, cpu_flags, gpu, tensor_parallel, vllm, store_fs). Version 1
-# files knew only device "cpu" or "cuda", so they were accepted on any machine: they are refused.
+# 2: the fingerprint holds the machine (cpu, cpu_flags, gpu, tensor_parallel, vllm, store_fs), and each tier
+# the break-even prefix its rule enforces (margin included) beside the one where hits pay. Version 1 files
+# knew only device "cpu" or "cuda", so they were accepted on any machine: the connector refuses them.
 VERSION = 2
 # Fingerprint fields the connector checks against its own server; the others are informative.
 CHECKED = ("model", "dtype", "kv_bytes_per_token", "block_size", "device", "cpu", "cpu_flags", "gpu",
@@ -102,10 +104,13 @@ def build_calibration(analysis: dict, settings, environment: dict, store_dir: st
             "source": tier["source"],
             "bandwidth_gbps": tier["bandwidth_gbps"],
             "fixed_s": max(0.0, tier["fixed_s"]),
+            # From here on a hit pays (margin 0)...
             "break_even_prefix_tokens": tier["break_even_prefix_tokens"],
+            # ...and from here on the connector's static rule takes it: a load must be predicted to beat
+            # recompute by its margin (twice the measured noise), so this is the prefix it enforces.
+            "enforced_break_even_prefix_tokens": tier.get("enforced_break_even_prefix_tokens"),
             "recompute": entry["recompute"],
-            # Admit only a load predicted to beat recompute by more than twice the measured noise.
-            "margin": round(min(0.5, max(0.02, 2 * entry.get("noise", 0.0))), 4),
+            "margin": tier.get("margin", admission_margin(entry.get("noise", 0.0))),
         }
     return {
         "schema": SCHEMA,

@@ -44,6 +44,9 @@ class Tier:
     # Whether fixed_s holds the recompute fit's base `a`, as a calibration.json tier's fixed cost does (a
     # tier hit's fitted intercept); a hand-given latency (--tier ...:0.1ms) comes on top of it.
     includes_base: bool = False
+    # A calibrated tier's admission margin (calibration.json): the connector takes a load only when it is
+    # predicted to beat (1 - margin) of the recompute it replaces; the planner decides and prints the same.
+    margin: float = 0.0
 
     def describe(self) -> str:
         bw = "unmeasurably fast" if math.isinf(self.bandwidth_bps) else f"{self.bandwidth_bps / 1e9:g} GB/s"
@@ -168,7 +171,8 @@ def calibration_profile(calibration: dict, tiers: list[Tier], engine_bytes: floa
             raise PlanError(f"--tier {tier.name}=cal: the calibration measured only {', '.join(sorted(measured))}")
         entry = measured[tier.name]
         bandwidth = entry["bandwidth_gbps"] * 1e9 if entry.get("bandwidth_gbps") else math.inf
-        chosen[tier.name] = Tier(tier.name, bandwidth, tier.capacity_bytes, max(0.0, entry["fixed_s"]), includes_base=True)
+        chosen[tier.name] = Tier(tier.name, bandwidth, tier.capacity_bytes, max(0.0, entry["fixed_s"]), includes_base=True,
+                                 margin=float(entry.get("margin") or 0.0))
     kv = int(calibration["fingerprint"]["kv_bytes_per_token"])
     return Profile(recompute, kv, engine_bytes, chosen,
                    f"measured: {calibration['fingerprint'].get('model')} on {calibration['fingerprint'].get('device')}")
@@ -266,7 +270,8 @@ def choose_load(profile: Profile, prompt: int, engine: int, run: list[str], bloc
         for k, tier in enumerate(run, start=1):
             counts[tier] += block_size
             cost = profile.load_seconds(counts)
-            gain = profile.recompute(engine + k * block_size) - profile.recompute(engine) - cost
+            keep = 1.0 - max(profile.tiers[t].margin for t, n in counts.items() if n)
+            gain = keep * (profile.recompute(engine + k * block_size) - profile.recompute(engine)) - cost
             if gain > best_gain:
                 best_k, best_gain = k, gain
     loaded = dict.fromkeys(TIERS, 0)
@@ -426,7 +431,8 @@ def break_even_prefix_tokens(profile: Profile, tier: str) -> float:
     # A tier hit's whole fixed cost: calibration.json's holds the base every request pays; a hand-given
     # latency comes on top of it (the first-order profile's base is 0).
     fit = TierFit(t.bandwidth_bps, t.fixed_s if t.includes_base else profile.recompute.a + t.fixed_s, 0)
-    return break_even_prefix(fit, profile.recompute, profile.kv_bytes_per_token)
+    # With a calibrated margin, the prefix the connector's rule enforces (calibration.json's enforced one).
+    return break_even_prefix(fit, profile.recompute, profile.kv_bytes_per_token, t.margin)
 
 
 def above_break_even(served: list[Served], p_star: float) -> dict:

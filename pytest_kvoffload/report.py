@@ -76,6 +76,7 @@ def render(run: dict) -> str:
         if decisions:
             lines.append(decisions)
         lines.append("")
+    lines.extend(side_by_side_lines(run))
     lines.extend(break_even_lines(run.get("analysis") or {},
                                   ((run.get("environment") or {}).get("drive") or {}).get("read_gbps")))
     lines.extend(transfer_lines(run.get("backends") or {}))
@@ -101,6 +102,49 @@ TRANSFERS = (("kvoffload:load_duration_seconds", "load time", 1e3, "ms"),
              ("kvoffload:load_size_bytes", "load size", 1e-6, "MB"),
              ("kvoffload:save_duration_seconds", "save time (per step)", 1e3, "ms"),
              ("kvoffload:save_size_bytes", "save size (per step)", 1e-6, "MB"))
+
+
+OURS = "kvoffload-disk"
+
+
+def side_by_side_lines(run: dict, ours: str = OURS) -> list[str]:
+    """Our connector against every other user-facing tier backend of the run on the same tier-hit cells:
+    the p50 ratio, the cached tokens of each, and each one's end-to-end rate in MB/s (bytes from the tier
+    over the tier hit's TTFT), beside the O_DIRECT read of the run's drive."""
+    cells = run.get("cells") or []
+    backends = run.get("backends") or {}
+    key = {(c["backend"], c["length"], c["fraction"], c["state"]): c for c in cells}
+
+    kv = ((run.get("options") or {}).get("model") or {}).get("kv_bytes_per_token")
+
+    def rate(c):
+        tokens = sum(v for s, v in c["sources"].items() if s != "device")
+        seconds = c["ttft"]["p50"]
+        return f"{tokens * kv / seconds / 1e6:,.0f}" if tokens and kv and seconds > 0 else "-"
+
+    others = sorted({c["backend"] for c in cells if c["state"] == State.TIER_HIT.value and c["backend"] != ours
+                     and backends.get(c["backend"], {}).get("user_facing", True) and "[" not in c["backend"]
+                     and "~" not in c["backend"]})
+    rows = []
+    for other in others:
+        for (b, length, fraction, state), c in sorted(key.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+            if b != ours or state != State.TIER_HIT.value or (other, length, fraction, state) not in key:
+                continue
+            theirs = key[(other, length, fraction, state)]
+            ratio = c["ttft"]["p50"] / theirs["ttft"]["p50"] if theirs["ttft"]["p50"] else math.nan
+            tokens = lambda cell: sum(v for s, v in cell["sources"].items() if s != "device")  # noqa: E731
+            rows.append([other, length, f"{fraction:g}", _ms(c["ttft"]["p50"]), _ms(theirs["ttft"]["p50"]),
+                         f"{ratio:.2f}x", f"{tokens(c):,.0f} vs {tokens(theirs):,.0f}",
+                         rate(c), rate(theirs)])
+    if not rows:
+        return []
+    drive = ((run.get("environment") or {}).get("drive") or {}).get("read_gbps")
+    return [f"{ours} against the other tiers, tier hits on the same cells (ratio = {ours} / other, p50; MB/s = "
+            "tier bytes over the tier hit's TTFT"
+            + (f"; this run's drive reads {drive * 1e3:,.0f} MB/s with O_DIRECT)" if drive else ")"),
+            tabulate(rows, headers=["other", "length", "cached", f"{ours} ms", "other ms", "ratio",
+                                    "tier tokens, ours vs theirs", f"{ours} MB/s", "other MB/s"],
+                     disable_numparse=True), ""]
 
 
 # Client minus server TTFT above this is flagged: it is time the engine's own TTFT does not see.
@@ -201,6 +245,15 @@ def _pays(p_star, at_most: bool = False) -> str:
     return f"pays from {'at most ' if at_most else ''}a {p_star:,.0f}-token prefix"
 
 
+def _enforced(tier: dict) -> str:
+    """The prefix the connector's rule takes loads from (margin included), where the analysis has it."""
+    if "enforced_break_even_prefix_tokens" not in tier:
+        return ""
+    p = tier["enforced_break_even_prefix_tokens"]
+    at = "no prefix within 4M tokens" if p is None else "any prefix" if p <= 1 else f"a {p:,.0f}-token prefix"
+    return f"; the admission rule takes loads from {at} (its {tier.get('margin', 0):.0%} margin)"
+
+
 def tier_line(backend: str, tier: dict, drive_read_gbps: float | None = None) -> str:
     """One tier's fitted figures with their interval, or 'unresolved' and the break-even as a bound."""
     bw = tier["bandwidth_gbps"]
@@ -217,12 +270,13 @@ def tier_line(backend: str, tier: dict, drive_read_gbps: float | None = None) ->
     sizes = f"loads of {loads[0]:.2g} to {loads[1]:.2g} MB" if loads else "its loads"
     if tier["resolved"]:
         line = (head + f"measured {bw:.3f} GB/s effective (95%: {low:.3g} to {high:.3g}), {fixed}; "
-                + _pays(tier["break_even_prefix_tokens"]))
+                + _pays(tier["break_even_prefix_tokens"]) + _enforced(tier))
     else:
         fitted = f"{bw:.3g} GB/s fitted, but " if bw is not None else ""
         bound = f"at least {low:.3g} GB/s" if low else "no bound"
         line = (head + f"bandwidth unresolved ({fitted}{sizes} take too little time to tell from the rounds' "
-                f"noise: {bound}), {fixed}; " + _pays(tier.get("break_even_prefix_at_most_tokens"), at_most=True))
+                f"noise: {bound}), {fixed}; " + _pays(tier.get("break_even_prefix_at_most_tokens"), at_most=True)
+                + _enforced(tier))
     figure = bw if bw is not None else low
     if tier["source"] == "disk" and drive_read_gbps and figure and figure > DRIVE_FLAG_RATIO * drive_read_gbps:
         line += (f"; FLAG: {figure / drive_read_gbps:.1f}x the O_DIRECT read of this run's drive "

@@ -10,6 +10,7 @@ from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.models import load_model
 from pytest_kvoffload.settings import Settings
 
+B_KV = 4096
 TIER = {"source": "disk", "bandwidth_gbps": 0.025, "fixed_s": 0.03, "break_even_prefix_tokens": 1500.0,
         "recompute": {"a": 0.01, "b": 1e-4, "c": 2e-8}}
 
@@ -226,3 +227,52 @@ def test_a_version_1_file_is_refused_by_the_connector_check_and_read_by_the_plan
     data = read_calibration(path)  # the planner reads it: it checks no machine
     with pytest.raises(CalibrationError, match="version 1, whose fingerprint does not name the machine"):
         check_fingerprint(data, here(tmp_path), path)
+
+
+def test_the_enforced_break_even_is_where_the_static_rule_starts_to_admit_at_any_margin():
+    """calibration.json's enforced prefix agrees with the connector's decisions, margin included (random
+    calibrations and margins; at margin 0 it is the prefix from which hits pay)."""
+    import math
+    import random
+
+    from pytest_kvoffload.analysis import RecomputeFit, TierFit, break_even_prefix
+
+    rng = random.Random(11)
+    checked = 0
+    for _ in range(400):
+        recompute = {"a": rng.uniform(0, 0.05), "b": rng.uniform(1e-5, 3e-4), "c": rng.choice([0.0, rng.uniform(0, 5e-8)])}
+        bw, fixed, margin = rng.uniform(5e6, 3e9), rng.uniform(0, 0.1), rng.choice([0.0, rng.uniform(0.02, 0.5)])
+        p = break_even_prefix(TierFit(bw, fixed, 4), RecomputeFit(**recompute), B_KV, margin)
+        if math.isinf(p) or p <= 2 or p > 200_000:
+            continue
+        tier = {"bandwidth_gbps": bw / 1e9, "fixed_s": fixed, "recompute": recompute, "margin": margin}
+        admit = Admission(tier, B_KV, Counters(), mode="static")
+        above, below = math.ceil(p * 1.01) + 1, math.floor(p * 0.99) - 1
+        assert admit(above, above + 1, 0), (p, margin)
+        if below >= 1:
+            assert not admit(below, below + 1, 0), (p, margin)
+        checked += 1
+    assert checked > 100
+
+
+def test_the_calibration_file_carries_the_enforced_prefix_beside_the_paying_one():
+    from pytest_kvoffload.analysis import analyse
+
+    rc = {"a": 0.01, "b": 1e-4, "c": 2e-8}
+
+    def t(n):
+        return rc["a"] + rc["b"] * n + rc["c"] * n * n
+    cells = [{"backend": "kvoffload-disk", "length": n, "fraction": 0.0, "state": "cold", "sources": {},
+              "ttft": {"p50": t(n), "spread": 0.05, "n": 5}} for n in (512, 1024, 2048, 4096)]
+    for n in (1024, 4096):
+        p = n - 128
+        engine = t(n) - t(p) + rc["a"]
+        cells += [{"backend": "kvoffload-disk", "length": n, "fraction": 1.0, "state": "engine-hit",
+                   "sources": {"device": p}, "ttft": {"p50": engine, "spread": 0.05, "n": 5}},
+                  {"backend": "kvoffload-disk", "length": n, "fraction": 1.0, "state": "tier-hit",
+                   "sources": {"disk": p}, "ttft": {"p50": engine + 0.02 + p * B_KV / 25e6, "spread": 0.05, "n": 5}}]
+    analysis = analyse(cells, B_KV, {"kvoffload-disk": "disk"})
+    tier = build_calibration(analysis, settings(), {"device": "cpu"})["tiers"]["kvoffload-disk"]
+    assert tier["margin"] == 0.1
+    assert tier["enforced_break_even_prefix_tokens"] > tier["break_even_prefix_tokens"]
+    assert analysis["kvoffload-disk"]["tier"]["enforced_break_even_prefix_tokens"] == tier["enforced_break_even_prefix_tokens"]

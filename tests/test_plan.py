@@ -264,3 +264,18 @@ def test_a_slice_of_the_shared_trace_keeps_its_reuse_within_10_points(size):
     from pytest_kvoffload.traces import read_trace, select
     requests = select(read_trace(MOONCAKE), Scaling())
     assert abs(reuse_share(slice_by_tree(requests, size)[:size]) - reuse_share(requests)) <= 0.10
+
+
+def test_the_planner_prints_and_applies_the_break_even_the_connector_enforces():
+    from pytest_kvoffload.analysis import RecomputeFit as Fit
+    from pytest_kvoffload.analysis import TierFit, break_even_prefix
+    from pytest_kvoffload.plan import break_even_prefix_tokens, calibration_profile
+
+    recompute = {"a": 0.01, "b": 1.7e-4, "c": 1e-8}
+    cal = {"fingerprint": {"kv_bytes_per_token": 4096, "model": "m", "device": "cpu"},
+           "tiers": {"kvoffload-disk": {"source": "disk", "bandwidth_gbps": 0.05, "fixed_s": 0.03, "margin": 0.2,
+                                        "recompute": recompute}}}
+    profile = calibration_profile(cal, [Tier("disk", math.nan, 1e12)], 1e9)
+    enforced = break_even_prefix(TierFit(0.05e9, 0.03, 0), Fit(**recompute), 4096, 0.2)
+    assert break_even_prefix_tokens(profile, "disk") == pytest.approx(enforced)
+    assert enforced > break_even_prefix(TierFit(0.05e9, 0.03, 0), Fit(**recompute), 4096)

@@ -110,9 +110,10 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
             log.warning("kvoffload: calibration %s measured elsewhere, accepted (calibration_mismatch=accept): %s",
                         self.config.calibration, "; ".join(accepted))
         tier = tier_entry(calibration)
-        log.info("kvoffload: %s admission rule from %s: %s GB/s, fixed %.1f ms, break-even prefix %s tokens",
-                 self.config.admission, self.config.calibration, tier.get("bandwidth_gbps"), 1e3 * tier.get("fixed_s", 0.0),
-                 tier.get("break_even_prefix_tokens"))
+        log.info("kvoffload: %s admission rule from %s: %s GB/s, fixed %.1f ms, margin %.0f%%: loads taken from a "
+                 "%s-token prefix (hits pay from %s)", self.config.admission, self.config.calibration,
+                 tier.get("bandwidth_gbps"), 1e3 * tier.get("fixed_s", 0.0), 100 * (tier.get("margin") or 0.0),
+                 tier.get("enforced_break_even_prefix_tokens"), tier.get("break_even_prefix_tokens"))
         return Admission(tier, actual["kv_bytes_per_token"], self._scheduler_counters, self.config.admission)
 
     @property
