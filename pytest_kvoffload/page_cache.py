@@ -16,19 +16,24 @@ import mmap
 import os
 from pathlib import Path
 
+from . import machine
+
 PAGE = mmap.PAGESIZE
+
+
+def _connector_extra(argv: list[str]) -> dict:
+    """The kv_connector_extra_config of a vLLM command line ({} without a connector)."""
+    try:
+        config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    except (ValueError, IndexError):  # no such flag, or not JSON (json.JSONDecodeError is a ValueError)
+        return {}
+    return config.get("kv_connector_extra_config") or {}
 
 
 def tier_folders(argv: list[str]) -> list[Path]:
     """The disk-tier folders a vLLM command line configures: our connector's store_dir and vLLM's fs
     tiers' root_dir (an LMCache server's fs adapter names its base_path on its own command line)."""
-    if "--kv-transfer-config" not in argv:
-        return []
-    try:
-        config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
-    except (IndexError, json.JSONDecodeError):
-        return []
-    extra = config.get("kv_connector_extra_config") or {}
+    extra = _connector_extra(argv)
     folders = [Path(extra["store_dir"])] if extra.get("store_dir") else []
     folders += [Path(tier["root_dir"]) for tier in extra.get("secondary_tiers") or []
                 if tier.get("type") == "fs" and tier.get("root_dir")]
@@ -37,18 +42,13 @@ def tier_folders(argv: list[str]) -> list[Path]:
 
 def configured_direct(argv: list[str]) -> bool:
     """False where the command line turns O_DIRECT off (our connector's direct_io=false)."""
-    try:
-        extra = json.loads(argv[argv.index("--kv-transfer-config") + 1]).get("kv_connector_extra_config") or {}
-    except (ValueError, IndexError, json.JSONDecodeError):
-        return True
+    extra = _connector_extra(argv)
     return str(extra.get("direct_io", True)).lower() not in ("false", "0", "no", "off")
 
 
 def direct_io_works(folder: Path) -> bool:
     """Whether a file in `folder` (or its nearest existing parent) opens with O_DIRECT."""
-    path = Path(folder)
-    while not path.exists() and path != path.parent:
-        path = path.parent
+    path = machine.nearest_existing(folder)
     flag = getattr(os, "O_DIRECT", 0)
     if not flag:
         return False

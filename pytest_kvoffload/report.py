@@ -107,6 +107,11 @@ TRANSFERS = (("kvoffload:load_duration_seconds", "load time", 1e3, "ms"),
 OURS = "kvoffload-disk"
 
 
+def _tier_tokens(cell: dict) -> float:
+    """Tokens a cell's requests took from below the engine's cache (any source but the device)."""
+    return sum(v for s, v in cell["sources"].items() if s != "device")
+
+
 def side_by_side_lines(run: dict, ours: str = OURS) -> list[str]:
     """Our connector against every other user-facing tier backend of the run on the same tier-hit cells:
     the p50 ratio, the cached tokens of each, and each one's end-to-end rate in MB/s (bytes from the tier
@@ -118,7 +123,7 @@ def side_by_side_lines(run: dict, ours: str = OURS) -> list[str]:
     kv = ((run.get("options") or {}).get("model") or {}).get("kv_bytes_per_token")
 
     def rate(c):
-        tokens = sum(v for s, v in c["sources"].items() if s != "device")
+        tokens = _tier_tokens(c)
         seconds = c["ttft"]["p50"]
         return f"{tokens * kv / seconds / 1e6:,.0f}" if tokens and kv and seconds > 0 else "-"
 
@@ -132,9 +137,8 @@ def side_by_side_lines(run: dict, ours: str = OURS) -> list[str]:
                 continue
             theirs = key[(other, length, fraction, state)]
             ratio = c["ttft"]["p50"] / theirs["ttft"]["p50"] if theirs["ttft"]["p50"] else math.nan
-            tokens = lambda cell: sum(v for s, v in cell["sources"].items() if s != "device")  # noqa: E731
             rows.append([other, length, f"{fraction:g}", _ms(c["ttft"]["p50"]), _ms(theirs["ttft"]["p50"]),
-                         f"{ratio:.2f}x", f"{tokens(c):,.0f} vs {tokens(theirs):,.0f}",
+                         f"{ratio:.2f}x", f"{_tier_tokens(c):,.0f} vs {_tier_tokens(theirs):,.0f}",
                          rate(c), rate(theirs)])
     if not rows:
         return []

@@ -224,3 +224,13 @@ def test_the_report_prints_no_bandwidth_without_its_interval_and_flags_one_faste
     assert "pays from at most" in line or "pays at any prefix length" in line
     fast = dict(resolved, bandwidth_gbps=71.369)
     assert "FLAG: 51.0x the O_DIRECT read of this run's drive (1.40 GB/s)" in tier_line("t", fast, drive_read_gbps=1.4)
+
+
+def test_the_drive_flag_sits_at_one_and_a_half_times_the_drive_not_near_it():
+    from pytest_kvoffload.report import tier_line
+
+    tier = paired_cells(bw=30e6, fixed=0.02, lengths=[512, 1024, 2048, 4096], spread=0.01)
+    assert "FLAG" in tier_line("t", dict(tier, bandwidth_gbps=1.6), drive_read_gbps=1.0)    # 1.6x: a near miss
+    assert "FLAG" not in tier_line("t", dict(tier, bandwidth_gbps=1.4), drive_read_gbps=1.0)  # 1.4x: a drive's noise
+    host = dict(tier, source="host", bandwidth_gbps=50.0)
+    assert "FLAG" not in tier_line("t", host, drive_read_gbps=1.0)  # a memory tier is not held to the drive

@@ -135,3 +135,13 @@ def test_an_undecided_cell_exits_3_for_the_workflow_to_rerun(tmp_path, capsys):
 def test_a_workflow_reruns_undecided_nights_with_more_rounds():
     workflow = (Path(__file__).resolve().parents[1] / ".github" / "workflows" / "nightly-gpu.yml").read_text()
     assert "-eq 3" in workflow and "--kv-rounds" in workflow
+
+
+def test_p90_has_its_own_limit_and_a_near_miss_on_either_side():
+    from pytest_kvoffload.compare import CellChange, regressions
+
+    limits = {"p50": 0.10, "p90": 0.10}
+    p90_12 = CellChange(("b", 1, 1.0, "tier-hit"), 0.100, 0.112, 0.02, "p90")
+    p90_8 = CellChange(("b", 1, 1.0, "tier-hit"), 0.100, 0.108, 0.02, "p90")
+    assert regressions([p90_12, p90_8], limits) == [p90_12]
+    assert regressions([p90_12], {"p50": 0.10, "p90": 0.15}) == []  # its own limit, not p50's
