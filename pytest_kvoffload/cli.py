@@ -10,8 +10,8 @@ from tabulate import tabulate
 
 
 def _estimate(args) -> int:
-    from .estimate import estimate
-    from .models import ModelError, load_model
+    from pytest_kvoffload.core.first_order import estimate
+    from pytest_kvoffload.core.models import ModelError, load_model
 
     try:
         model = load_model(args.model)
@@ -30,7 +30,7 @@ def _estimate(args) -> int:
 
 
 def _probe(args) -> int:
-    from .probe import probe_disk, probe_disk_bursts, probe_store
+    from pytest_kvoffload.drive.probe import probe_disk, probe_disk_bursts, probe_store
 
     try:
         result = probe_disk(args.path, args.request_mib << 20, args.size_mib << 20, args.repeats, args.threads)
@@ -44,7 +44,7 @@ def _probe(args) -> int:
         return 2
     fio = None
     if args.fio:
-        from .fio import FioError, run_fio
+        from pytest_kvoffload.drive.fio import FioError, run_fio
         try:
             fio = run_fio(args.path, result.request_bytes, result.total_bytes, args.repeats, result.threads)
         except FioError as exc:
@@ -74,8 +74,8 @@ def _probe(args) -> int:
 
 
 def _report(args) -> int:
-    from .records import RecordError, read_run
-    from .report import render
+    from pytest_kvoffload.record.run_record import RecordError, read_run
+    from pytest_kvoffload.record.report import render
 
     try:
         run = read_run(args.run)
@@ -88,7 +88,7 @@ def _report(args) -> int:
 
 def _compare_pair(label: str, base: dict, new: dict, limits: dict, allow_missing: bool) -> tuple[list[str], int]:
     """Print one comparison's table; return what fails the gate, one line each, and the undecided cells."""
-    from .compare import compare, limit, missing_backends, regressions, undecided
+    from pytest_kvoffload.record.compare import compare, limit, missing_backends, regressions, undecided
 
     changes, only_base, only_new = compare(base, new)
     rows = [[*c.key[:2], f"{c.key[2]:g}", c.key[3], c.stat, f"{c.base_s * 1e3:,.1f}", f"{c.new_s * 1e3:,.1f}",
@@ -118,8 +118,8 @@ def _compare_pair(label: str, base: dict, new: dict, limits: dict, allow_missing
 
 
 def _compare(args) -> int:
-    from .compare import UNDECIDED_EXIT, CompareError, check_comparable, parse_percent
-    from .records import RecordError, read_run
+    from pytest_kvoffload.record.compare import UNDECIDED_EXIT, CompareError, check_comparable, parse_percent
+    from pytest_kvoffload.record.run_record import RecordError, read_run
 
     try:
         limits = {"p50": parse_percent(args.fail_above),
@@ -151,7 +151,7 @@ def _compare(args) -> int:
 
 
 def _plan(args) -> int:
-    from .plan_cli import run_plan
+    from pytest_kvoffload.planner.cli import run_plan
 
     return run_plan(args)
 

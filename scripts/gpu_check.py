@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     stubbed = stub_vllm_if_missing()
     import torch
 
-    from pytest_kvoffload.probe import probe_disk
+    from pytest_kvoffload.drive.probe import probe_disk
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():

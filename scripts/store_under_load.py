@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_kvoffload.probe import probe_disk, probe_store  # noqa: E402
+from pytest_kvoffload.drive.probe import probe_disk, probe_store  # noqa: E402
 
 
 def burner(kind: str, stop: threading.Event, cpus: set[int] | None) -> None:

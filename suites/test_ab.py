@@ -7,8 +7,8 @@ The recommended way to compare connectors before an upgrade (pytest_kvoffload/ab
 
 import pytest
 
-from pytest_kvoffload import ab
-from pytest_kvoffload.cells import State
+from pytest_kvoffload.measure import ab
+from pytest_kvoffload.measure.cells import State
 
 NAME = "A/B"
 

@@ -15,7 +15,7 @@ with a distribution-free 95% bound and a hard 10% cap (pytest_kvoffload/admissio
 
 import pytest
 
-from pytest_kvoffload import admission_check as check
+from pytest_kvoffload.admission import check
 
 pytestmark = [pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session"),
               # The unthrottled drive probe, the control and the guarded rule (a second control, [slow2], only

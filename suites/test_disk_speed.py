@@ -31,20 +31,20 @@ import time
 import pytest
 from tabulate import tabulate
 
-from pytest_kvoffload.backends import kvoffload_store_dir
-from pytest_kvoffload.client import measure
-from pytest_kvoffload.connector.sched import MIN_SLICE_US
+from pytest_kvoffload.serve.backends import kvoffload_store_dir
+from pytest_kvoffload.serve.client import measure
+from pytest_kvoffload.connector.io_threads import MIN_SLICE_US
 from pytest_kvoffload.connector.store import HEADER_SIZE
 from pytest_kvoffload.connector.worker import LOAD_THREADS, SAVE_THREADS
-from pytest_kvoffload.cpu_use import describe, narrowest_affinity, sample, thread_times, usage
-from pytest_kvoffload.engine_load import EngineLoad
-from pytest_kvoffload.machine import has_cuda
-from pytest_kvoffload.models import DTYPE_BYTES
-from pytest_kvoffload.probe import probe_disk, probe_disk_bursts, probe_store, write_reference
-from pytest_kvoffload.progress import Tracker
-from pytest_kvoffload.prompts import expected_cached, make_prompt
-from pytest_kvoffload.stats import summarize
-from pytest_kvoffload.worker_probe import probe_worker_bursts
+from pytest_kvoffload.drive.cpu_use import describe, narrowest_affinity, sample, thread_times, usage
+from pytest_kvoffload.drive.engine_load import EngineLoad
+from pytest_kvoffload.core.machine import has_cuda
+from pytest_kvoffload.core.models import DTYPE_BYTES
+from pytest_kvoffload.drive.probe import probe_disk, probe_disk_bursts, probe_store, write_reference
+from pytest_kvoffload.core.progress import Tracker
+from pytest_kvoffload.measure.prompts import expected_cached, make_prompt
+from pytest_kvoffload.record.stats import summarize
+from pytest_kvoffload.drive.worker_probe import probe_worker_bursts
 
 pytestmark = pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
 

@@ -17,11 +17,11 @@ import time
 
 import pytest
 
-from pytest_kvoffload.client import stream_completion
-from pytest_kvoffload.paired import within_cap
-from pytest_kvoffload.progress import Tracker
-from pytest_kvoffload.prompts import make_prompt
-from pytest_kvoffload.server import IDLE_S
+from pytest_kvoffload.serve.client import stream_completion
+from pytest_kvoffload.measure.paired import within_cap
+from pytest_kvoffload.core.progress import Tracker
+from pytest_kvoffload.measure.prompts import make_prompt
+from pytest_kvoffload.serve.server import IDLE_S
 
 ROUNDS = 5
 PAIR = ("gpu-only", "kvoffload-disk")

@@ -10,9 +10,9 @@ never asserted (a speed). Runs after the backend's cells (marker kv_after_cells)
 import pytest
 from tabulate import tabulate
 
-from pytest_kvoffload import plan_check
-from pytest_kvoffload.analysis import analyse
-from pytest_kvoffload.progress import Tracker
+from pytest_kvoffload.planner import check as plan_check
+from pytest_kvoffload.record.analysis import analyse
+from pytest_kvoffload.core.progress import Tracker
 
 NAME = "plan vs replay"
 # The backends the planner models: the engine's cache alone, and it with this package's disk tier.

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from tabulate import tabulate
 
-from pytest_kvoffload.analysis import analyse
-from pytest_kvoffload.progress import Tracker
-from pytest_kvoffload.replay import offload_verdict, replay
-from pytest_kvoffload.stats import cell_table
+from pytest_kvoffload.record.analysis import analyse
+from pytest_kvoffload.core.progress import Tracker
+from pytest_kvoffload.traces.replay import offload_verdict, replay
+from pytest_kvoffload.record.stats import cell_table
 
 NAME = "trace replay"
 

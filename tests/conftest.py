@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from pytest_kvoffload.weights import cache_dir
+from pytest_kvoffload.serve.weights import cache_dir
 
 pytest_plugins = ["pytester"]
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from pytest_kvoffload import ab
-from pytest_kvoffload.backends import BackendConfigError, default_registry, register_ab
-from pytest_kvoffload.cells import Cell, State
+from pytest_kvoffload.measure import ab
+from pytest_kvoffload.serve.backends import BackendConfigError, default_registry, register_ab
+from pytest_kvoffload.measure.cells import Cell, State
 
 CELL = Cell(1024, 1.0, State.TIER_HIT)
 

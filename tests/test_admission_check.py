@@ -2,8 +2,8 @@
 
 import pytest
 
-from pytest_kvoffload.admission_check import Grid, Round, missed_gains, paid_cells, slower_hits
-from pytest_kvoffload.paired import median_bound, verdict, within_cap
+from pytest_kvoffload.admission.check import Grid, Round, missed_gains, paid_cells, slower_hits
+from pytest_kvoffload.measure.paired import median_bound, verdict, within_cap
 
 # A control grid as the slowed drive makes it: short prefixes cost more to load than to recompute,
 # long ones pay (median ratios 1.25 and 0.70), one cell near the tie.
@@ -82,7 +82,7 @@ def test_engines_twice_as_fast_with_a_connector_are_not_equal():
 
 
 def test_cells_that_look_slower_but_are_undecided_get_more_rounds_not_more_tolerance():
-    from pytest_kvoffload.admission_check import undecided_slower
+    from pytest_kvoffload.admission.check import undecided_slower
 
     g = Grid("x")
     g.cells[(1024, 1.0)] = [Round(r, 1.0, 512, True, False) for r in (0.95, 1.02, 1.06, 1.07, 1.2)]

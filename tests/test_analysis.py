@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from pytest_kvoffload.analysis import (RecomputeFit, TierFit, analyse, break_even_bandwidth, break_even_prefix,
+from pytest_kvoffload.record.analysis import (RecomputeFit, TierFit, analyse, break_even_bandwidth, break_even_prefix,
                                        fit_recompute, fit_tier, fit_tier_paired, frontier)
 
 B = 4096
@@ -97,8 +97,8 @@ def test_break_even_prefix_is_where_hits_pay_from_on_not_a_fixed_cost_island():
 
 
 def test_seed_model_at_the_measured_prefill_speed():
-    from pytest_kvoffload.estimate import first_order_at_measured_speed
-    from pytest_kvoffload.models import load_model
+    from pytest_kvoffload.core.first_order import first_order_at_measured_speed
+    from pytest_kvoffload.core.models import load_model
 
     model = load_model("tiny-llama")
     cold = {512: 0.05, 1024: 0.1, 4096: 0.8}
@@ -111,7 +111,7 @@ def test_seed_model_at_the_measured_prefill_speed():
 
 
 def test_report_puts_the_seed_model_beside_the_measured_break_even():
-    from pytest_kvoffload.report import break_even_lines
+    from pytest_kvoffload.record.report import break_even_lines
 
     analysis = {"kvoffload-disk": {"tier": {
         "source": "disk", "bandwidth_gbps": 0.5, "fixed_s": 0.03, "break_even_prefix_tokens": 900.0,
@@ -123,7 +123,7 @@ def test_report_puts_the_seed_model_beside_the_measured_break_even():
 
 @pytest.mark.parametrize("planted", [0.0, 0.5, 1.0])
 def test_queue_overlap_recovers_a_planted_overlap(planted):
-    from pytest_kvoffload.analysis import load_and_recompute, queue_overlap
+    from pytest_kvoffload.record.analysis import load_and_recompute, queue_overlap
 
     # An intercept and a quadratic term: the cost of the first p tokens differs from that of the last p.
     recompute = RecomputeFit(0.04, 1e-4, 3e-8)
@@ -143,7 +143,7 @@ def test_queue_overlap_recovers_a_planted_overlap(planted):
 
 
 def test_queue_overlap_clamps_and_needs_samples():
-    from pytest_kvoffload.analysis import queue_overlap
+    from pytest_kvoffload.record.analysis import queue_overlap
 
     assert queue_overlap([(2048, 1792, 3.0, 1.0)], lambda n: (0.3, 0.2), 0.5) == 0.0
     assert queue_overlap([], lambda n: (0.3, 0.2), 0.5) is None
@@ -213,7 +213,7 @@ def test_loads_inside_the_noise_leave_the_bandwidth_unresolved_and_the_break_eve
 
 
 def test_the_report_prints_no_bandwidth_without_its_interval_and_flags_one_faster_than_the_drive():
-    from pytest_kvoffload.report import tier_line
+    from pytest_kvoffload.record.report import tier_line
 
     resolved = paired_cells(bw=30e6, fixed=0.02, lengths=[512, 1024, 2048, 4096], spread=0.01)
     line = tier_line("t", resolved, drive_read_gbps=1.4)
@@ -227,7 +227,7 @@ def test_the_report_prints_no_bandwidth_without_its_interval_and_flags_one_faste
 
 
 def test_the_drive_flag_sits_at_one_and_a_half_times_the_drive_not_near_it():
-    from pytest_kvoffload.report import tier_line
+    from pytest_kvoffload.record.report import tier_line
 
     tier = paired_cells(bw=30e6, fixed=0.02, lengths=[512, 1024, 2048, 4096], spread=0.01)
     assert "FLAG" in tier_line("t", dict(tier, bandwidth_gbps=1.6), drive_read_gbps=1.0)    # 1.6x: a near miss

@@ -3,10 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload.backends import (Backend, LaunchContext, default_registry, server_command,
+from pytest_kvoffload.serve.backends import (Backend, LaunchContext, default_registry, server_command,
                                        with_connector_options)
-from pytest_kvoffload.models import load_model
-from pytest_kvoffload.settings import Settings
+from pytest_kvoffload.core.models import load_model
+from pytest_kvoffload.core.settings import Settings
 
 
 def settings(**kw):
@@ -56,7 +56,7 @@ def test_kvoffload_disk_options_pass_through(tmp_path):
 
 
 def test_native_cpu_uses_vllm_offloading_flags_on_a_gpu(tmp_path, monkeypatch):
-    from pytest_kvoffload import machine
+    from pytest_kvoffload.core import machine
     monkeypatch.setattr(machine, "has_cuda", lambda: True)
     argv, _ = command("native-cpu", tmp_path, cpu_gib=32.0)
     assert argv[argv.index("--kv-offloading-size") + 1] == "32.0"
@@ -65,7 +65,7 @@ def test_native_cpu_uses_vllm_offloading_flags_on_a_gpu(tmp_path, monkeypatch):
 
 
 def test_native_cpu_uses_the_cpu_platform_spec_without_a_gpu(tmp_path, monkeypatch):
-    from pytest_kvoffload import machine
+    from pytest_kvoffload.core import machine
     monkeypatch.setattr(machine, "has_cuda", lambda: False)
     argv, _ = command("native-cpu", tmp_path, cpu_gib=1.0)
     assert "--kv-offloading-backend" not in argv
@@ -79,7 +79,7 @@ def test_native_cpu_uses_the_cpu_platform_spec_without_a_gpu(tmp_path, monkeypat
 def test_cpu_platform_spec_names_match_the_module():
     pytest.importorskip("vllm")
     import importlib
-    from pytest_kvoffload.backends import CPU_PLATFORM_SPEC_MODULE, CPU_PLATFORM_SPECS
+    from pytest_kvoffload.serve.backends import CPU_PLATFORM_SPEC_MODULE, CPU_PLATFORM_SPECS
     from vllm.v1.kv_offload import factory
     module = importlib.import_module(CPU_PLATFORM_SPEC_MODULE)
     for original, twin in CPU_PLATFORM_SPECS.items():
@@ -100,13 +100,13 @@ def test_cpu_platform_spec_names_match_the_module():
     (False, ["--kv-transfer-config", "{not json"], "native-cpu: --kv-transfer-config is not valid JSON"),
 ])
 def test_offloading_spec_on_the_wrong_platform_is_one_line(cuda, args, message):
-    from pytest_kvoffload.backends import offloading_spec_problem
+    from pytest_kvoffload.serve.backends import offloading_spec_problem
     problem = offloading_spec_problem("native-cpu", ["vllm", *args], cuda)
     assert problem.startswith(message) and "\n" not in problem
 
 
 def test_offloading_spec_on_its_platform_passes():
-    from pytest_kvoffload.backends import offloading_spec_problem
+    from pytest_kvoffload.serve.backends import offloading_spec_problem
     shim = json.dumps({"kv_connector": "OffloadingConnector",
                        "kv_connector_extra_config": {"spec_name": "CPUPlatformTieringSpec"}})
     assert offloading_spec_problem("native-disk", ["--kv-transfer-config", shim], cuda=False) is None
@@ -118,7 +118,7 @@ def test_offloading_spec_on_its_platform_passes():
 
 
 def test_a_server_argument_that_asks_for_vllms_spec_on_cpu_stops_the_run(pytester):
-    from pytest_kvoffload import machine
+    from pytest_kvoffload.core import machine
     if machine.has_cuda():
         pytest.skip("checks the CPU platform")
     pytester.makepyfile("def test_nothing():\n    pass\n")
@@ -154,7 +154,7 @@ def test_registry_refuses_duplicates_and_reserved_names():
 
 
 def test_cuda_backends_know_why_they_cannot_run(monkeypatch):
-    from pytest_kvoffload import machine
+    from pytest_kvoffload.core import machine
     monkeypatch.setattr(machine, "has_cuda", lambda: False)
     registry = default_registry()
     assert registry.get("gpu-only").unavailable_reason() is None
@@ -179,7 +179,7 @@ def test_connector_variant_gets_its_own_name_store_and_options(tmp_path):
 
 @pytest.mark.parametrize("cuda, spec", [(True, "TieringOffloadingSpec"), (False, "CPUPlatformTieringSpec")])
 def test_native_disk_uses_vllm_tiering_with_an_fs_tier(tmp_path, monkeypatch, cuda, spec):
-    from pytest_kvoffload import machine
+    from pytest_kvoffload.core import machine
     monkeypatch.setattr(machine, "has_cuda", lambda: cuda)
     argv, _ = command("native-disk", tmp_path, cpu_gib=1.0)
     config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
@@ -217,7 +217,7 @@ def test_reset_tier_empties_nested_folders(tmp_path):
 
 
 def test_cuda_servers_get_memory_utilization_and_tensor_parallelism(tmp_path, monkeypatch):
-    from pytest_kvoffload import machine
+    from pytest_kvoffload.core import machine
     argv, _ = command("gpu-only", tmp_path, tensor_parallel=2)
     assert "--gpu-memory-utilization" not in argv  # the CPU build has no GPU memory to share
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
@@ -238,7 +238,7 @@ def vllm_parser():
 @pytest.mark.parametrize("name", ["gpu-only", "native-cpu", "lmcache-disk", "native-disk", "kvoffload-disk"])
 @pytest.mark.parametrize("cuda", [True, False], ids=["cuda", "cpu"])
 def test_every_backend_command_parses_with_the_installed_vllm(vllm_parser, tmp_path, monkeypatch, name, cuda):
-    from pytest_kvoffload import machine
+    from pytest_kvoffload.core import machine
     monkeypatch.setattr(machine, "has_cuda", lambda: cuda)
     if not cuda and registry_needs_cuda(name):
         pytest.skip(f"{name} has no CPU-platform command line")
@@ -254,7 +254,7 @@ def test_every_backend_command_parses_with_the_installed_vllm(vllm_parser, tmp_p
 
 
 def test_a_native_tier_hit_counts_only_if_vllm_copied_its_bytes():
-    from pytest_kvoffload.backends import native_load_proof
+    from pytest_kvoffload.serve.backends import native_load_proof
     registry = default_registry()
     assert registry.get("native-cpu").load_proof is native_load_proof
     assert registry.get("native-disk").load_proof is native_load_proof
@@ -269,8 +269,8 @@ def test_a_native_tier_hit_counts_only_if_vllm_copied_its_bytes():
 
 
 def test_a_variant_from_the_command_line_is_the_backend_with_its_options(tmp_path):
-    from pytest_kvoffload.backends import parse_variant
-    from pytest_kvoffload.backends import split_backends
+    from pytest_kvoffload.serve.backends import parse_variant
+    from pytest_kvoffload.serve.backends import split_backends
     registry = default_registry()
     assert split_backends("gpu-only, kvoffload-disk[io_threads=4,read_gbps=0.05],native-cpu") == [
         "gpu-only", "kvoffload-disk[io_threads=4,read_gbps=0.05]", "native-cpu"]
@@ -289,7 +289,7 @@ def test_a_variant_from_the_command_line_is_the_backend_with_its_options(tmp_pat
 
 def test_another_python_runs_the_server_and_its_versions_are_read(tmp_path):
     import sys
-    from pytest_kvoffload.backends import interpreter_versions, use_python
+    from pytest_kvoffload.serve.backends import interpreter_versions, use_python
     registry = default_registry()
     use_python(registry, [f"gpu-only={sys.executable}"])
     argv, _ = server_command(registry.get("gpu-only"), LaunchContext(settings(), tmp_path), 8123)
@@ -300,7 +300,7 @@ def test_another_python_runs_the_server_and_its_versions_are_read(tmp_path):
 
 
 def test_cpu_servers_share_what_the_first_one_compiled(tmp_path, monkeypatch):
-    import pytest_kvoffload.machine as machine
+    import pytest_kvoffload.core.machine as machine
 
     monkeypatch.setattr(machine, "has_cuda", lambda: False)
     monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)

@@ -3,12 +3,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload.calibration import (CalibrationError, build_calibration, check_fingerprint, read_calibration,
+from pytest_kvoffload.core.calibration import (CalibrationError, build_calibration, check_fingerprint, read_calibration,
                                           tier_entry, write_calibration)
 from pytest_kvoffload.connector.admission import Admission
 from pytest_kvoffload.connector.counters import Counters
-from pytest_kvoffload.models import load_model
-from pytest_kvoffload.settings import Settings
+from pytest_kvoffload.core.models import load_model
+from pytest_kvoffload.core.settings import Settings
 
 B_KV = 4096
 TIER = {"source": "disk", "bandwidth_gbps": 0.025, "fixed_s": 0.03, "break_even_prefix_tokens": 1500.0,
@@ -142,7 +142,7 @@ def test_queue_credit_is_the_measured_share_of_the_queue():
 
 
 def test_a_bad_queue_overlap_is_named():
-    from pytest_kvoffload.calibration import CalibrationError
+    from pytest_kvoffload.core.calibration import CalibrationError
     with pytest.raises(CalibrationError, match="queue_overlap 'lots' must be a number from 0 to 1"):
         Admission({**TIER, "queue_overlap": "lots"}, 4096, Counters())
 
@@ -155,7 +155,7 @@ def test_a_predicted_gain_inside_the_margin_is_declined():
 
 
 def test_calibration_margin_is_twice_the_noise_within_bounds():
-    from pytest_kvoffload.calibration import build_calibration
+    from pytest_kvoffload.core.calibration import build_calibration
 
     def margin(noise):
         analysis = {"kvoffload-disk": {"recompute": TIER["recompute"], "tier": {**TIER, "points": 4}, "noise": noise}}
@@ -166,9 +166,9 @@ def test_calibration_margin_is_twice_the_noise_within_bounds():
 
 # ---- calibrations that know their machine ----
 
-from pytest_kvoffload import machine  # noqa: E402
-from pytest_kvoffload.calibration import filesystem_of, machine_fingerprint  # noqa: E402
-from pytest_kvoffload.options import OptionError, OptionValues, build_settings  # noqa: E402
+from pytest_kvoffload.core import machine  # noqa: E402
+from pytest_kvoffload.core.calibration import filesystem_of, machine_fingerprint  # noqa: E402
+from pytest_kvoffload.harness.options import OptionError, OptionValues, build_settings  # noqa: E402
 
 
 def here(tmp_path) -> dict:
@@ -202,7 +202,7 @@ def test_a_calibration_from_another_machine_is_refused_naming_the_field(tmp_path
 
 
 def test_a_foreign_calibration_stops_the_run_before_any_server_and_can_be_accepted(tmp_path):
-    from pytest_kvoffload.backends import default_registry
+    from pytest_kvoffload.serve.backends import default_registry
 
     settings_now = build_settings(OptionValues.from_mapping({"kv_results_dir": str(tmp_path)}), default_registry())
     cal = build_calibration({"kvoffload-disk": {"recompute": TIER["recompute"], "tier": {**TIER, "points": 4}}},
@@ -235,7 +235,7 @@ def test_the_enforced_break_even_is_where_the_static_rule_starts_to_admit_at_any
     import math
     import random
 
-    from pytest_kvoffload.analysis import RecomputeFit, TierFit, break_even_prefix
+    from pytest_kvoffload.record.analysis import RecomputeFit, TierFit, break_even_prefix
 
     rng = random.Random(11)
     checked = 0
@@ -256,7 +256,7 @@ def test_the_enforced_break_even_is_where_the_static_rule_starts_to_admit_at_any
 
 
 def test_the_calibration_file_carries_the_enforced_prefix_beside_the_paying_one():
-    from pytest_kvoffload.analysis import analyse
+    from pytest_kvoffload.record.analysis import analyse
 
     rc = {"a": 0.01, "b": 1e-4, "c": 2e-8}
 

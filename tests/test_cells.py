@@ -1,4 +1,4 @@
-from pytest_kvoffload.cells import Cell, Expectation, State, expectation, grid
+from pytest_kvoffload.measure.cells import Cell, Expectation, State, expectation, grid
 
 
 def test_grid_has_cold_once_per_length():
@@ -38,7 +38,7 @@ def test_a_tier_that_serves_the_last_block_joins_engine_hits_and_covers_the_whol
 
 
 def test_output_comparison_names_the_first_difference_and_forgives_only_near_ties():
-    from pytest_kvoffload.measure import first_difference
+    from pytest_kvoffload.measure.runner import first_difference
 
     assert first_difference([5, 6, 7], [5, 6, 7]) is None
     assert first_difference([5, 9, 7], [5, 6, 7]) == "output token 1: 9 where a recompute gives 6"
@@ -56,7 +56,7 @@ def test_output_comparison_names_the_first_difference_and_forgives_only_near_tie
 def test_a_tier_hit_counts_only_if_the_connector_loaded_it():
     # Seen on a real server: every chunk corrupt, the connector recomputed them all, and vLLM's
     # per-source counter still said 2,816 tokens came from disk.
-    from pytest_kvoffload.backends import kvoffload_load_proof
+    from pytest_kvoffload.serve.backends import kvoffload_load_proof
 
     corrupt = {"kvoffload:chunks_corrupt_total": 11, "kvoffload:blocks_load_failed_total": 22}
     assert "recomputed, not loaded" in kvoffload_load_proof(corrupt, 2816, 4096)

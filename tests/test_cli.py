@@ -3,9 +3,9 @@ import json
 import pytest
 
 from pytest_kvoffload.cli import main
-from pytest_kvoffload.estimate import estimate
-from pytest_kvoffload.models import load_model
-from pytest_kvoffload.probe import probe_disk
+from pytest_kvoffload.core.first_order import estimate
+from pytest_kvoffload.core.models import load_model
+from pytest_kvoffload.drive.probe import probe_disk
 
 
 @pytest.mark.parametrize("model,tokens,params,gbps", [

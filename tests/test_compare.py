@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from pytest_kvoffload.cli import main
-from pytest_kvoffload.records import RunWriter
-from pytest_kvoffload.stats import cell_table
+from pytest_kvoffload.record.run_record import RunWriter
+from pytest_kvoffload.record.stats import cell_table
 
 
 def write_run(path, ttfts_by_cell, model="tiny-llama", seed=0):
@@ -89,7 +89,7 @@ def test_a_run_missing_a_backend_fails_unless_allowed(tmp_path, capsys):
 
 
 def test_noise_cannot_widen_the_limit_only_make_a_cell_undecided():
-    from pytest_kvoffload.compare import CellChange, regressions, undecided
+    from pytest_kvoffload.record.compare import CellChange, regressions, undecided
     noisy_but_slow = CellChange(("b", 1, 1.0, "tier-hit"), 0.100, 0.115, tolerance=0.30)
     noisy_flat = CellChange(("b", 2, 1.0, "tier-hit"), 0.100, 0.102, tolerance=0.30)
     quiet_flat = CellChange(("b", 3, 1.0, "tier-hit"), 0.100, 0.101, tolerance=0.02)
@@ -118,7 +118,7 @@ def test_a_planted_15_percent_slower_p90_fails(capsys):
 
 
 def test_an_undecided_cell_exits_3_for_the_workflow_to_rerun(tmp_path, capsys):
-    from pytest_kvoffload.compare import CellChange
+    from pytest_kvoffload.record.compare import CellChange
 
     assert CellChange(("b", 1, 1.0, "cold"), 0.100, 0.105, tolerance=0.08).verdict(0.10) == "undecided"
     base = write_run(tmp_path / "base", CELLS, seed=4)
@@ -138,7 +138,7 @@ def test_a_workflow_reruns_undecided_nights_with_more_rounds():
 
 
 def test_p90_has_its_own_limit_and_a_near_miss_on_either_side():
-    from pytest_kvoffload.compare import CellChange, regressions
+    from pytest_kvoffload.record.compare import CellChange, regressions
 
     limits = {"p50": 0.10, "p90": 0.10}
     p90_12 = CellChange(("b", 1, 1.0, "tier-hit"), 0.100, 0.112, 0.02, "p90")

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from pytest_kvoffload import compile_cache
+from pytest_kvoffload.serve import compile_cache
 
 
 def test_cpu_servers_turn_the_aot_path_off_and_keep_inductor_under_vllms_cache():

@@ -6,13 +6,13 @@ import pytest
 
 import time
 
-from pytest_kvoffload.backends import kvoffload_store_dir
-from pytest_kvoffload.client import measure, stream_completion
-from pytest_kvoffload.measure import first_difference, recompute
+from pytest_kvoffload.serve.backends import kvoffload_store_dir
+from pytest_kvoffload.serve.client import measure, stream_completion
+from pytest_kvoffload.measure.runner import first_difference, recompute
 from pytest_kvoffload.connector.counters import HISTOGRAMS
 from pytest_kvoffload.connector.store import HEADER_SIZE, read_header
-from pytest_kvoffload.metrics import histograms
-from pytest_kvoffload.prompts import expected_cached, make_prompt
+from pytest_kvoffload.serve.metrics import histograms
+from pytest_kvoffload.measure.prompts import expected_cached, make_prompt
 
 pytestmark = [pytest.mark.server,
               pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")]
@@ -213,7 +213,7 @@ def test_a_prefix_ending_inside_a_block_and_inside_a_chunk(kv_server, prompts):
 def test_two_concurrent_requests_sharing_a_prefix_while_it_loads(kv_server, kv_settings, prompts):
     from concurrent.futures import ThreadPoolExecutor
 
-    from pytest_kvoffload.client import Endpoint
+    from pytest_kvoffload.serve.client import Endpoint
 
     first, second = prompts(2048, 0.75, "one"), prompts(2048, 0.75, "two")
     kv_server.reset_prefix_cache(external=True)
@@ -235,7 +235,7 @@ def test_two_concurrent_requests_sharing_a_prefix_while_it_loads(kv_server, kv_s
 
 
 def test_a_request_that_opts_out_neither_writes_nor_reads_the_store(kv_server, prompts):
-    from pytest_kvoffload.engine_load import OPT_OUT
+    from pytest_kvoffload.drive.engine_load import OPT_OUT
 
     tokens = prompts(1024, 1.0, "opt-out").tokens
     written, opted = total(kv_server, "chunks_written"), total(kv_server, "requests_opted_out")

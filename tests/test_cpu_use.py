@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pytest_kvoffload.cpu_use import describe, group_members, narrowest_affinity, sample, thread_times, usage
+from pytest_kvoffload.drive.cpu_use import describe, group_members, narrowest_affinity, sample, thread_times, usage
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux /proc only")
 
@@ -66,7 +66,7 @@ def test_no_group_no_figures():
 # Two spinning threads named "spin-pair" on one core, a sleeping one named "idle-one", the main thread unnamed.
 NAMED = """
 import os, threading, time
-from pytest_kvoffload.connector.sched import name_thread
+from pytest_kvoffload.connector.io_threads import name_thread
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 def spin():
     name_thread("spin-pair")

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from pytest_kvoffload.distributed import devices_for, merge_runs
-from pytest_kvoffload.options import OptionError
+from pytest_kvoffload.harness.distributed import devices_for, merge_runs
+from pytest_kvoffload.harness.options import OptionError
 
 
 def test_each_worker_gets_its_own_group_of_gpus():

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from pytest_kvoffload.backends import kvoffload_store_dir
-from pytest_kvoffload.client import measure
-from pytest_kvoffload.prompts import make_prompt
+from pytest_kvoffload.serve.backends import kvoffload_store_dir
+from pytest_kvoffload.serve.client import measure
+from pytest_kvoffload.measure.prompts import make_prompt
 
 pytestmark = [pytest.mark.server,
               pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")]

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from pytest_kvoffload.fio import FioError, bandwidth_gbps, fio_command, run_fio
+from pytest_kvoffload.drive.fio import FioError, bandwidth_gbps, fio_command, run_fio
 
 
 def test_command_mirrors_the_probe_pattern(tmp_path):

@@ -1,4 +1,4 @@
-from pytest_kvoffload.metrics import parse, snapshot
+from pytest_kvoffload.serve.metrics import parse, snapshot
 
 TEXT = """# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
 # TYPE vllm:prompt_tokens_total counter
@@ -66,7 +66,7 @@ kvoffload:save_size_bytes_sum{engine="0",model_name="tiny"} 0.0
 
 
 def test_histograms_are_summed_over_engines_and_empty_ones_dropped():
-    from pytest_kvoffload.metrics import histograms
+    from pytest_kvoffload.serve.metrics import histograms
     found = histograms(HISTOGRAM_TEXT)
     assert list(found) == ["kvoffload:load_duration_seconds"]
     h = found["kvoffload:load_duration_seconds"]
@@ -75,7 +75,7 @@ def test_histograms_are_summed_over_engines_and_empty_ones_dropped():
 
 
 def test_quantile_interpolates_inside_the_bucket_like_prometheus():
-    from pytest_kvoffload.metrics import quantile
+    from pytest_kvoffload.serve.metrics import quantile
     h = {"buckets": [[0.01, 4.0], [0.1, 8.0], [float("inf"), 10.0]], "count": 10.0, "sum": 1.21}
     assert quantile(h, 0.2) == 0.005  # rank 2 of 4 in [0, 0.01]
     assert abs(quantile(h, 0.6) - 0.055) < 1e-12  # rank 6: 2 of 4 into (0.01, 0.1]
@@ -84,7 +84,7 @@ def test_quantile_interpolates_inside_the_bucket_like_prometheus():
 
 
 def test_histograms_of_two_servers_add_up():
-    from pytest_kvoffload.metrics import merge_histograms
+    from pytest_kvoffload.serve.metrics import merge_histograms
     a = {"x": {"buckets": [[1.0, 1.0], [float("inf"), 2.0]], "count": 2.0, "sum": 3.0}}
     b = {"x": {"buckets": [[1.0, 0.0], [float("inf"), 1.0]], "count": 1.0, "sum": 5.0},
          "y": {"buckets": [[1.0, 1.0]], "count": 1.0, "sum": 0.5}}
@@ -94,8 +94,8 @@ def test_histograms_of_two_servers_add_up():
 
 
 def test_report_shows_load_and_save_percentiles():
-    from pytest_kvoffload.metrics import histograms
-    from pytest_kvoffload.report import transfer_lines
+    from pytest_kvoffload.serve.metrics import histograms
+    from pytest_kvoffload.record.report import transfer_lines
     lines = transfer_lines({"kvoffload-disk": {"histograms": histograms(HISTOGRAM_TEXT)}, "gpu-only": {}})
     text = "\n".join(lines)
     assert "kvoffload-disk: loads and saves" in text and "gpu-only" not in text

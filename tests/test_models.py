@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from pytest_kvoffload.models import ModelError, load_model, shipped_models
+from pytest_kvoffload.core.models import ModelError, load_model, shipped_models
 
 
 def test_shipped_models():
@@ -47,8 +47,8 @@ def test_config_missing_fields(tmp_path):
 def test_a_model_folder_is_named_by_the_folder_and_its_run_id_is_one_folder_name(tmp_path):
     import json
 
-    from pytest_kvoffload.models import load_model
-    from pytest_kvoffload.session import make_run_id
+    from pytest_kvoffload.core.models import load_model
+    from pytest_kvoffload.harness.session import make_run_id
 
     folder = tmp_path / "some dir" / "hm"
     folder.mkdir(parents=True)
@@ -62,8 +62,8 @@ def test_a_model_folder_is_named_by_the_folder_and_its_run_id_is_one_folder_name
 def test_random_weights_for_a_gpu_are_bf16_in_a_folder_of_their_own(tmp_path):
     from safetensors import safe_open
 
-    from pytest_kvoffload.models import ModelInfo
-    from pytest_kvoffload.weights import WEIGHTS_FILE, with_random_weights
+    from pytest_kvoffload.core.models import ModelInfo
+    from pytest_kvoffload.serve.weights import WEIGHTS_FILE, with_random_weights
 
     config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256,

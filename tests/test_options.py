@@ -1,6 +1,6 @@
 import pytest
 
-from pytest_kvoffload.options import (OptionError, check_fits_model, parse_backends, parse_fractions, parse_lengths,
+from pytest_kvoffload.harness.options import (OptionError, check_fits_model, parse_backends, parse_fractions, parse_lengths,
                                        parse_disk_opts, parse_model, parse_positive_int, parse_server_args, parse_server_url)
 
 KNOWN = ["gpu-only", "native-cpu", "lmcache-disk", "kvoffload-disk"]
@@ -99,9 +99,9 @@ def test_disk_options_are_typed_and_checked():
 
 # ---- every declared option and every connector key has a bad value that ends in one line naming it ----
 
-from pytest_kvoffload.backends import default_registry  # noqa: E402
+from pytest_kvoffload.serve.backends import default_registry  # noqa: E402
 from pytest_kvoffload.connector.config import OPTIONS as CONNECTOR_OPTIONS  # noqa: E402
-from pytest_kvoffload.options import OPTIONS, OptionValues, read_options  # noqa: E402
+from pytest_kvoffload.harness.options import OPTIONS, OptionValues, read_options  # noqa: E402
 
 TRACE = {"kv_trace": "{trace}"}
 
@@ -232,9 +232,9 @@ def test_mapping_with_an_unknown_option_name_is_refused():
 # ---- output checks with teeth on a GPU, and said to be blind where they are ----
 
 def test_auto_weights_on_a_gpu_are_random_below_the_stated_size(monkeypatch):
-    import pytest_kvoffload.weights as weights
-    from pytest_kvoffload.models import load_model
-    from pytest_kvoffload.options import AUTO_RANDOM_MAX_PARAMS_GPU, output_checks, parse_weights
+    import pytest_kvoffload.serve.weights as weights
+    from pytest_kvoffload.core.models import load_model
+    from pytest_kvoffload.harness.options import AUTO_RANDOM_MAX_PARAMS_GPU, output_checks, parse_weights
 
     made = []
     monkeypatch.setattr(weights, "with_random_weights", lambda model, on_gpu=False: made.append((model.name, on_gpu))
@@ -252,7 +252,7 @@ def test_auto_weights_on_a_gpu_are_random_below_the_stated_size(monkeypatch):
 
 
 def test_a_report_of_a_dummy_weight_run_says_its_output_checks_are_blind():
-    from pytest_kvoffload.report import render
+    from pytest_kvoffload.record.report import render
 
     blind = render({"options": {"output_checks": "blind: vLLM's dummy weights (+-1e-3)"}, "backends": {}, "cells": []})
     assert blind.startswith("output checks blind: vLLM's dummy weights")

@@ -9,12 +9,12 @@ checks run on the random-weight model.
 
 import pytest
 
-from pytest_kvoffload.backends import with_connector_options
-from pytest_kvoffload.cells import Cell, State
-from pytest_kvoffload.client import measure
-from pytest_kvoffload.measure import OUTPUT_TOKENS, CellRunner
-from pytest_kvoffload.models import load_model
-from pytest_kvoffload.prompts import make_prompt
+from pytest_kvoffload.serve.backends import with_connector_options
+from pytest_kvoffload.measure.cells import Cell, State
+from pytest_kvoffload.serve.client import measure
+from pytest_kvoffload.measure.runner import OUTPUT_TOKENS, CellRunner
+from pytest_kvoffload.core.models import load_model
+from pytest_kvoffload.measure.prompts import make_prompt
 
 pytestmark = [pytest.mark.server, pytest.mark.kv_servers("{backend}[fault]", "{backend}[fault-dummy]"),
               pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")]

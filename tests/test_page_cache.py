@@ -3,8 +3,8 @@
 import json
 import os
 
-from pytest_kvoffload import page_cache
-from pytest_kvoffload.report import tier_io_lines
+from pytest_kvoffload.serve import page_cache
+from pytest_kvoffload.record.report import tier_io_lines
 
 
 def written(path, size=4 << 20):

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from pytest_kvoffload import cli
-from pytest_kvoffload.analysis import RecomputeFit
-from pytest_kvoffload.plan import (LRU, PlanError, Profile, Tier, parse_engine, parse_tier, reuse_share, simulate,
+from pytest_kvoffload.record.analysis import RecomputeFit
+from pytest_kvoffload.planner.simulate import (LRU, PlanError, Profile, Tier, parse_engine, parse_tier, reuse_share, simulate,
                                    slice_by_tree, summarize)
-from pytest_kvoffload.traces import Scaling, TraceRequest
+from pytest_kvoffload.traces.read import Scaling, TraceRequest
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
 BLOCK = 512
@@ -90,7 +90,7 @@ def test_lru_evicts_the_least_recently_used():
 def test_a_slice_of_whole_prefix_trees_keeps_the_traces_reuse():
     if not MOONCAKE.is_file():
         pytest.skip("the shared Mooncake trace is not here")
-    from pytest_kvoffload.traces import read_trace, select
+    from pytest_kvoffload.traces.read import read_trace, select
     requests = select(read_trace(MOONCAKE), Scaling())
     window = requests[:120]
     trees = slice_by_tree(requests, 120)
@@ -201,7 +201,7 @@ def test_no_load_costs_less_than_its_transfer_over_random_calibrations_and_tiers
     """A hand-given tier beside a calibration with a non-zero base once cost -30 ms for 16 tokens."""
     import random
 
-    from pytest_kvoffload.plan import calibration_profile
+    from pytest_kvoffload.planner.simulate import calibration_profile
 
     rng = random.Random(7)
     for _ in range(300):
@@ -219,7 +219,7 @@ def test_no_load_costs_less_than_its_transfer_over_random_calibrations_and_tiers
 
 
 def test_a_hand_given_tier_pays_its_latency_on_top_of_the_calibrated_base():
-    from pytest_kvoffload.plan import break_even_prefix_tokens, calibration_profile
+    from pytest_kvoffload.planner.simulate import break_even_prefix_tokens, calibration_profile
 
     profile = calibration_profile(calibration_with_base(3.0), [parse_tier("disk=0.001GB/s:1TB:0ms")], 1e9)
     # 1 MB/s: 512 tokens (2 MB) take 2 s to load; the base is paid either way, so the load costs 2 s.
@@ -261,15 +261,15 @@ def test_a_slice_of_one_large_tree_keeps_the_traces_reuse_within_10_points(size)
 def test_a_slice_of_the_shared_trace_keeps_its_reuse_within_10_points(size):
     if not MOONCAKE.is_file():
         pytest.skip("the shared Mooncake trace is not here")
-    from pytest_kvoffload.traces import read_trace, select
+    from pytest_kvoffload.traces.read import read_trace, select
     requests = select(read_trace(MOONCAKE), Scaling())
     assert abs(reuse_share(slice_by_tree(requests, size)[:size]) - reuse_share(requests)) <= 0.10
 
 
 def test_the_planner_prints_and_applies_the_break_even_the_connector_enforces():
-    from pytest_kvoffload.analysis import RecomputeFit as Fit
-    from pytest_kvoffload.analysis import TierFit, break_even_prefix
-    from pytest_kvoffload.plan import break_even_prefix_tokens, calibration_profile
+    from pytest_kvoffload.record.analysis import RecomputeFit as Fit
+    from pytest_kvoffload.record.analysis import TierFit, break_even_prefix
+    from pytest_kvoffload.planner.simulate import break_even_prefix_tokens, calibration_profile
 
     recompute = {"a": 0.01, "b": 1.7e-4, "c": 1e-8}
     cal = {"fingerprint": {"kv_bytes_per_token": 4096, "model": "m", "device": "cpu"},

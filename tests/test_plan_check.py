@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload import plan_check
-from pytest_kvoffload.plan import Served
-from pytest_kvoffload.replay_plan import ReplayPlan
-from pytest_kvoffload.traces import Scaling, read_trace
+from pytest_kvoffload.planner import check as plan_check
+from pytest_kvoffload.planner.simulate import Served
+from pytest_kvoffload.traces.selection import ReplayPlan
+from pytest_kvoffload.traces.read import Scaling, read_trace
 
 METRICS = """# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
@@ -68,7 +68,7 @@ def test_the_slice_is_planned_in_the_backends_configuration(tmp_path: Path):
 
 
 def test_tests_that_read_cells_run_last_in_their_backends_run():
-    from pytest_kvoffload.plugin import after_cells_last
+    from pytest_kvoffload.harness.plugin import after_cells_last
 
     class Item:
         def __init__(self, name, backend, after=False):

@@ -84,7 +84,7 @@ def test_grid_parametrizes_cells_and_drops_tier_cells_without_a_tier(pytester):
 
 def test_conftest_can_register_its_own_backend(pytester):
     pytester.makeconftest("""
-from pytest_kvoffload.backends import Backend, ServerSpec
+from pytest_kvoffload.serve.backends import Backend, ServerSpec
 
 def pytest_kvoffload_register_backends(registry):
     registry.register(Backend(name="my-connector", description="ours", tier="disk", needs_cuda=True,
@@ -166,7 +166,7 @@ def test_model_given_by_absolute_path_makes_one_folder_directly_under_results(py
     import json
     import shutil
 
-    from pytest_kvoffload.models import load_model
+    from pytest_kvoffload.core.models import load_model
     model_dir = tmp_path / "some dir" / "hm"
     shutil.copytree(load_model("tiny-llama").path, model_dir)
     pytester.makepyfile(USES_BACKEND)

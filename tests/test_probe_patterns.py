@@ -8,7 +8,7 @@ import pytest
 
 
 def test_writes_are_referred_to_the_drive_figure_for_what_they_did():
-    from pytest_kvoffload.probe import ProbeResult, write_reference
+    from pytest_kvoffload.drive.probe import ProbeResult, write_reference
 
     probe = ProbeResult("x", 1 << 20, 1 << 28, True, write_gbps=1.0, read_gbps=1.0, overwrite_gbps=4.0)
     assert write_reference(probe, 0.0) == 1.0 and write_reference(probe, 1.0) == 4.0
@@ -19,7 +19,7 @@ def test_writes_are_referred_to_the_drive_figure_for_what_they_did():
 
 
 def test_the_drive_probe_also_writes_over_its_file_and_the_store_over_free_files(tmp_path):
-    from pytest_kvoffload.probe import probe_disk, probe_store
+    from pytest_kvoffload.drive.probe import probe_disk, probe_store
 
     disk = probe_disk(tmp_path, request_bytes=64 << 10, total_bytes=1 << 20, repeats=1, threads=2)
     assert disk.overwrite_gbps > 0 and "write over it" in disk.describe()
@@ -30,7 +30,7 @@ def test_the_drive_probe_also_writes_over_its_file_and_the_store_over_free_files
 
 def test_leave_free_leaves_as_many_free_files_as_asked(tmp_path):
     from pytest_kvoffload.connector.store import ChunkStore, Layout
-    from pytest_kvoffload.probe import leave_free
+    from pytest_kvoffload.drive.probe import leave_free
 
     store = ChunkStore(tmp_path, "probe", Layout(1, 1, 4096), keep_free=10)
     leave_free(store, 5)
@@ -42,7 +42,7 @@ def test_leave_free_leaves_as_many_free_files_as_asked(tmp_path):
 
 
 def test_the_drive_alone_in_bursts_is_timed_without_the_gaps_both_ways_and_leaves_nothing(tmp_path):
-    from pytest_kvoffload.probe import probe_disk_bursts, write_reference
+    from pytest_kvoffload.drive.probe import probe_disk_bursts, write_reference
 
     request_bytes, burst, gap_s = 64 << 10, 3, 0.05
     started = time.perf_counter()
@@ -66,7 +66,7 @@ def test_the_drive_alone_in_bursts_is_timed_without_the_gaps_both_ways_and_leave
 
 def test_the_connectors_save_path_alone_in_bursts_is_timed_by_its_own_counters_and_leaves_nothing(tmp_path):
     from pytest_kvoffload.connector.store import HEADER_SIZE, padded
-    from pytest_kvoffload.worker_probe import probe_worker_bursts
+    from pytest_kvoffload.drive.worker_probe import probe_worker_bursts
 
     burst, gap_s, chunk_tokens, per_token = 3, 0.05, 32, 512
     import torch

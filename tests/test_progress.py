@@ -1,7 +1,7 @@
 """Progress lines: pace and time left, one updating line on a terminal, throttled plain lines in a log,
 nothing under -q."""
 
-from pytest_kvoffload.progress import PLAIN_EVERY_S, ProgressLine, Tracker, eta
+from pytest_kvoffload.core.progress import PLAIN_EVERY_S, ProgressLine, Tracker, eta
 
 
 class Clock:

@@ -1,4 +1,4 @@
-from pytest_kvoffload.prompts import expected_cached, make_prompt
+from pytest_kvoffload.measure.prompts import expected_cached, make_prompt
 
 
 def test_deterministic_from_its_key():

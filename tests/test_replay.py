@@ -5,9 +5,9 @@ import json
 import numpy as np
 import pytest
 
-from pytest_kvoffload.replay import replay
-from pytest_kvoffload.replay_plan import ReplayPlan
-from pytest_kvoffload.traces import Scaling, read_trace
+from pytest_kvoffload.traces.replay import replay
+from pytest_kvoffload.traces.selection import ReplayPlan
+from pytest_kvoffload.traces.read import Scaling, read_trace
 
 
 def make_trace(tmp_path):
@@ -43,7 +43,7 @@ def test_replay_reproduces_the_trace_prefix_sharing(kv_session, kv_server, tmp_p
 
 
 def test_ttft_counts_from_the_scheduled_arrival_and_lateness_is_kept():
-    from pytest_kvoffload.replay import ReplayRecord
+    from pytest_kvoffload.traces.replay import ReplayRecord
     on_time = ReplayRecord(1, scheduled_s=2.0, sent_s=2.0, prompt_tokens=10, cached_tokens=0, ttft_s=0.1)
     waited = ReplayRecord(2, scheduled_s=2.0, sent_s=2.5, prompt_tokens=10, cached_tokens=0, ttft_s=0.1)
     assert on_time.ttft_from_arrival_s == pytest.approx(0.1) and on_time.late_s == 0.0
@@ -64,7 +64,7 @@ def test_shared_prefix_is_what_an_earlier_request_had_in_whole_blocks(tmp_path):
 
 
 def test_paired_verdict_pairs_requests_over_the_repeats():
-    from pytest_kvoffload.replay import paired_verdict
+    from pytest_kvoffload.traces.replay import paired_verdict
     rng = np.random.default_rng(0)
     sizes = rng.uniform(0.05, 2.0, 12)  # requests differ 40-fold: only pairing keeps a 15% effect visible
 
@@ -81,14 +81,14 @@ def test_paired_verdict_pairs_requests_over_the_repeats():
 
 
 def test_paired_verdict_leaves_out_unanswered_requests():
-    from pytest_kvoffload.replay import paired_verdict
+    from pytest_kvoffload.traces.replay import paired_verdict
     result = paired_verdict([[1.0, None, 2.0]], [[0.5, 1.0, 1.0]])
     assert result["pairs"] == 2 and result["median_ratio"] == 0.5
     assert paired_verdict([], [[1.0]])["verdict"] == "undecided"
 
 
 def test_a_replay_whose_tier_loaded_nothing_prints_no_offload_ratio():
-    from pytest_kvoffload.replay import offload_verdict
+    from pytest_kvoffload.traces.replay import offload_verdict
 
     base = {"ttft_s_by_repeat": [[0.10, 0.20, 0.30]] * 3}
     faster = {"ttft_s_by_repeat": [[0.09, 0.18, 0.27]] * 3}

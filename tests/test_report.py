@@ -1,6 +1,6 @@
 """The report's lines that are not tables: client minus server TTFT per backend (no server)."""
 
-from pytest_kvoffload.report import client_server_lines, render
+from pytest_kvoffload.record.report import client_server_lines, render
 
 
 def cell(backend, state, client_ms, server_ms):

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from pytest_kvoffload.connector.config import ConnectorConfig, ConnectorConfigError
-from pytest_kvoffload.connector.sched import MIN_SLICE_US, current_slice_ns, request_slice
+from pytest_kvoffload.connector.io_threads import MIN_SLICE_US, current_slice_ns, request_slice
 from pytest_kvoffload.connector.worker import LOAD_THREADS, SAVE_THREADS, WorkerSide
 
 needs_slices = pytest.mark.skipif(current_slice_ns() is None, reason="sched_getattr is not available here")

@@ -2,8 +2,8 @@
 
 import pytest
 
-from pytest_kvoffload.client import measure
-from pytest_kvoffload.prompts import make_prompt
+from pytest_kvoffload.serve.client import measure
+from pytest_kvoffload.measure.prompts import make_prompt
 
 pytestmark = [pytest.mark.server, pytest.mark.parametrize("kv_backend", ["gpu-only"], indirect=True, scope="session")]
 

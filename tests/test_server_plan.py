@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload.server_plan import Plan, base_name, startup_line
+from pytest_kvoffload.harness.server_plan import Plan, base_name, startup_line
 
 ROOT = Path(__file__).resolve().parents[1]
 # make test's servers, one start-up each (docs/servers.md lists them and why). Raising this is a decision:

@@ -1,6 +1,6 @@
 """The session's server pool, with stand-in servers (no vLLM): what happens around each stop."""
 
-from pytest_kvoffload.server import ServerPool
+from pytest_kvoffload.serve.server import ServerPool
 
 
 class Proc:

@@ -1,6 +1,6 @@
 """The report's table of kvoffload-disk against each other tier on the same cells (no server)."""
 
-from pytest_kvoffload.report import side_by_side_lines
+from pytest_kvoffload.record.report import side_by_side_lines
 
 
 def hit(backend, length, fraction, ms, tokens, source="disk"):

@@ -2,10 +2,10 @@
 
 import pytest
 
-from pytest_kvoffload import machine
-from pytest_kvoffload.analysis import RecomputeFit, load_and_recompute
-from pytest_kvoffload.slow_drive import SlowDriveError, loadable_prefixes, slow_drive, step_tokens
-from pytest_kvoffload.speed import PrefillSpeed, lengths_within, probe_lengths
+from pytest_kvoffload.core import machine
+from pytest_kvoffload.record.analysis import RecomputeFit, load_and_recompute
+from pytest_kvoffload.admission.slow_drive import SlowDriveError, loadable_prefixes, slow_drive, step_tokens
+from pytest_kvoffload.measure.prefill_speed import PrefillSpeed, lengths_within, probe_lengths
 
 AVX2_ONLY = "fpu sse4_2 avx avx2 fma"
 AVX512_BF16 = AVX2_ONLY + " avx512f avx512_bf16 avx512_vnni"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload.server import group_has_live_members
+from pytest_kvoffload.serve.server import group_has_live_members
 
 INNER = """
 import os, pathlib, time
@@ -65,7 +65,7 @@ def test_failed_test_then_ctrl_c_leaves_no_server_process(pytester):
 def test_a_stopped_servers_shared_memory_region_is_removed(tmp_path):
     # vLLM's offloading tier lives in a /dev/shm file that outlives its server (seen: 6 GB per start).
     import uuid
-    from pytest_kvoffload.server import remove_shared_regions
+    from pytest_kvoffload.serve.server import remove_shared_regions
     shm = Path("/dev/shm")
     if not shm.is_dir():
         pytest.skip("no /dev/shm")
@@ -102,7 +102,7 @@ def test_shared_memory_a_killed_server_group_left_is_removed_and_nothing_else(tm
     # vLLM's message queues are SharedMemory segments in /dev/shm; a group killed with its resource tracker
     # leaves them behind (160 MiB each seen).
     import uuid
-    from pytest_kvoffload.server import remove_left_shared_memory, shared_memory_files
+    from pytest_kvoffload.serve.server import remove_left_shared_memory, shared_memory_files
     shm = Path("/dev/shm")
     if not shm.is_dir():
         pytest.skip("no /dev/shm")

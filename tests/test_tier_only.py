@@ -1,8 +1,8 @@
 """The recipe that leaves a prefix in a backend's tier and nowhere above it, step by step (no server)."""
 
-from pytest_kvoffload import measure as measure_module
-from pytest_kvoffload.backends import default_registry
-from pytest_kvoffload.measure import place_in_tier_only
+from pytest_kvoffload.measure import runner as measure_module
+from pytest_kvoffload.serve.backends import default_registry
+from pytest_kvoffload.measure.runner import place_in_tier_only
 
 
 class Recorder:

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from pytest_kvoffload.traces import Scaling, TraceError, build_prompt, read_trace, select
+from pytest_kvoffload.traces.read import Scaling, TraceError, build_prompt, read_trace, select
 
 from pathlib import Path
 

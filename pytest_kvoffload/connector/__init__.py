@@ -9,7 +9,7 @@ Load it with --kv-transfer-config '{"kv_connector": "KVOffloadDiskConnector",
 def __getattr__(name):
     # Import vLLM only when vLLM asks for the class, so the plugin imports without vLLM.
     if name == "KVOffloadDiskConnector":
-        from .connector import KVOffloadDiskConnector
+        from pytest_kvoffload.connector.connector import KVOffloadDiskConnector
 
         return KVOffloadDiskConnector
     raise AttributeError(name)

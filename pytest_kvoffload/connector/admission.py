@@ -32,9 +32,9 @@ from typing import Iterable
 
 import numpy as np
 
-from ..analysis import RecomputeFit, load_and_recompute
-from ..calibration import CalibrationError
-from .counters import Counters
+from pytest_kvoffload.record.analysis import RecomputeFit, load_and_recompute
+from pytest_kvoffload.core.calibration import CalibrationError
+from pytest_kvoffload.connector.counters import Counters
 
 log = logging.getLogger("pytest_kvoffload.connector")
 

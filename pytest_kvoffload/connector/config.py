@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .sched import MAX_SLICE_US, MIN_SLICE_US
+from pytest_kvoffload.connector.io_threads import MAX_SLICE_US, MIN_SLICE_US
 
 DEFAULT_CHUNK_TOKENS = 256
 

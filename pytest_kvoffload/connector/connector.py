@@ -8,16 +8,16 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from ..calibration import check_fingerprint, machine_fingerprint, read_calibration, tier_entry
-from .admission import FIXED_MODES, Admission, FixedAdmission
-from .config import ConnectorConfig
-from .hashing import key_root
-from .metadata import KVOffloadMetadata
-from .scheduler import SchedulerSide
-from .prom import KVOffloadPromMetrics, KVOffloadStats
-from .counters import Counters
-from .index import ChunkIndex
-from .store import HEADER_SIZE, padded
+from pytest_kvoffload.core.calibration import check_fingerprint, machine_fingerprint, read_calibration, tier_entry
+from pytest_kvoffload.connector.admission import FIXED_MODES, Admission, FixedAdmission
+from pytest_kvoffload.connector.config import ConnectorConfig
+from pytest_kvoffload.connector.hashing import key_root
+from pytest_kvoffload.connector.metadata import KVOffloadMetadata
+from pytest_kvoffload.connector.scheduler import SchedulerSide
+from pytest_kvoffload.connector.prom import KVOffloadPromMetrics, KVOffloadStats
+from pytest_kvoffload.connector.counters import Counters
+from pytest_kvoffload.connector.index import ChunkIndex
+from pytest_kvoffload.connector.store import HEADER_SIZE, padded
 
 log = logging.getLogger("pytest_kvoffload.connector")
 
@@ -91,7 +91,7 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
             self._scheduler = SchedulerSide(self.config, block_size, chain_root, index,
                                             admit=self._admission(vllm_config), counters=self._scheduler_counters)
         else:
-            from .worker import WorkerSide
+            from pytest_kvoffload.connector.worker import WorkerSide
 
             self._worker = WorkerSide(self.config, self.fingerprint, self.config.store_dir / f"rank{_tp_rank()}",
                                       block_size)

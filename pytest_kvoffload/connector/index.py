@@ -14,8 +14,8 @@ import os
 from collections import OrderedDict
 from pathlib import Path
 
-from .counters import Counters
-from .store import SUFFIX
+from pytest_kvoffload.connector.counters import Counters
+from pytest_kvoffload.connector.store import SUFFIX
 
 log = logging.getLogger("pytest_kvoffload.connector")
 

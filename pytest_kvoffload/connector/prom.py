@@ -9,7 +9,7 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
-from .counters import COUNTERS, FLAGS, HISTOGRAMS, PREFIX
+from pytest_kvoffload.connector.counters import COUNTERS, FLAGS, HISTOGRAMS, PREFIX
 
 
 class KVOffloadStats(KVConnectorStats):

@@ -10,10 +10,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .config import ConnectorConfig
-from .hashing import chunk_keys, request_key_root
-from .index import ChunkIndex
-from .metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
+from pytest_kvoffload.connector.config import ConnectorConfig
+from pytest_kvoffload.connector.hashing import chunk_keys, request_key_root
+from pytest_kvoffload.connector.index import ChunkIndex
+from pytest_kvoffload.connector.metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
 
 log = logging.getLogger("pytest_kvoffload.connector")
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from .counters import Counters
+from pytest_kvoffload.connector.counters import Counters
 
 log = logging.getLogger("pytest_kvoffload.connector")
 

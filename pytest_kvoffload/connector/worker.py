@@ -23,11 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .config import ConnectorConfig
-from .metadata import KVOffloadMetadata, KVOffloadWorkerMeta, LoadJob, SaveJob
-from .counters import Counters
-from .sched import name_thread, request_slice
-from .store import ALIGN, HEADER_SIZE, ChunkStore, Layout, padded
+from pytest_kvoffload.connector.config import ConnectorConfig
+from pytest_kvoffload.connector.metadata import KVOffloadMetadata, KVOffloadWorkerMeta, LoadJob, SaveJob
+from pytest_kvoffload.connector.counters import Counters
+from pytest_kvoffload.connector.io_threads import name_thread, request_slice
+from pytest_kvoffload.connector.store import ALIGN, HEADER_SIZE, ChunkStore, Layout, padded
 
 log = logging.getLogger("pytest_kvoffload.connector")
 

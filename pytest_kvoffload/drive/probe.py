@@ -1,0 +1,333 @@
+"""Raw sequential bandwidth of the drive under a folder, with the I/O pattern the connector uses.
+
+O_DIRECT, chunk-sized requests, the connector's number of I/O threads, a fresh file for every pass: the
+figure the connector's delivered bandwidth is compared against (connector / probe, side by side in one run).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pytest_kvoffload.connector.store import ALIGN, aligned_buffer, padded
+
+
+@dataclass
+class ProbeResult:
+    path: str
+    request_bytes: int
+    total_bytes: int
+    direct_io: bool
+    write_gbps: float  # median over passes
+    read_gbps: float
+    threads: int = 1
+    write_range: tuple[float, float] = (0.0, 0.0)  # min, max over passes
+    read_range: tuple[float, float] = (0.0, 0.0)
+    # probe_store only: per request and thread, what the scheduler gave the threads (cpu_use.own_thread_times)
+    write_on_cpu_ms: float | None = None
+    write_waiting_for_cpu_ms: float | None = None
+    # probe_disk only: writing again over the file a pass just wrote (blocks already allocated), as the
+    # connector does when it recycles a removed chunk's file (store.py); 0 where not measured
+    overwrite_gbps: float = 0.0
+    overwrite_range: tuple[float, float] = (0.0, 0.0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        over = (f"write over it {self.overwrite_gbps:.2f} GB/s ({self.overwrite_range[0]:.2f} to "
+                f"{self.overwrite_range[1]:.2f}), " if self.overwrite_gbps else "")
+        return (f"read {self.read_gbps:.2f} GB/s ({self.read_range[0]:.2f} to {self.read_range[1]:.2f}), "
+                f"write {self.write_gbps:.2f} GB/s ({self.write_range[0]:.2f} to {self.write_range[1]:.2f}), "
+                f"{over}{self.request_bytes / 2**20:.2f} MiB requests, {self.threads} thread(s), "
+                f"{'O_DIRECT' if self.direct_io else 'buffered'}")
+
+
+def _open(path: Path, flags: int, direct: bool) -> tuple[int, bool]:
+    if direct:
+        try:
+            return os.open(path, flags | os.O_DIRECT, 0o600), True
+        except OSError:
+            pass
+    return os.open(path, flags, 0o600), False
+
+
+def _pass(path: Path, count: int, request_bytes: int, threads: int, direct: bool, write: bool,
+          over: bool = False) -> tuple[float, bool]:
+    """One sequential pass over `path` by `threads` threads, each taking every threads-th request; `over`:
+    write over the file as it is (no truncation: its blocks stay allocated)."""
+    flags = (os.O_WRONLY if over else os.O_CREAT | os.O_WRONLY | os.O_TRUNC) if write else os.O_RDONLY
+    fd, direct = _open(path, flags, direct)
+    if not write and not direct:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def work(first: int) -> None:
+        buffer = aligned_buffer(request_bytes)
+        buffer[:] = 0xA5
+        view = memoryview(buffer)
+        for i in range(first, count, threads):
+            if write:
+                os.pwrite(fd, view, i * request_bytes)
+            else:
+                os.preadv(fd, [view], i * request_bytes)
+
+    started = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            list(pool.map(work, range(threads)))
+        if write:
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    return count * request_bytes / (time.perf_counter() - started) / 1e9, direct
+
+
+def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: int = 256 << 20,
+               repeats: int = 3, threads: int = 1) -> ProbeResult:
+    """Write then read a fresh file per pass, then write over it, `repeats` passes; median, min and max of
+    each.
+
+    Never the same file read twice: on virtual disks a file read again is served by the host's cache (a
+    probe that re-read one file reported 2.06 GB/s where fio on fresh files measured 0.77 to 0.95).
+    Writes are measured both ways because the connector does both: a new chunk file allocates blocks, a
+    recycled one (store.py) is written over; on the 2-core VM the second is twice as fast (3.5 against
+    1.8 GB/s), so each is the reference for its own share of the connector's writes.
+    The connector's pattern: chunk-sized requests, its number of I/O threads, O_DIRECT where allowed.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise NotADirectoryError(f"probe disk: {folder} is not a folder; pass the folder on the drive to measure")
+    request_bytes = padded(request_bytes)
+    count = max(1, total_bytes // request_bytes)
+    threads = max(1, min(threads, count))
+    direct = hasattr(os, "O_DIRECT")
+    writes: list[float] = []
+    reads: list[float] = []
+    overwrites: list[float] = []
+    for n in range(repeats):
+        path = folder / f".kvoffload-probe-{os.getpid()}-{n}"
+        try:
+            gbps, direct = _pass(path, count, request_bytes, threads, direct, write=True)
+            writes.append(gbps)
+            gbps, direct = _pass(path, count, request_bytes, threads, direct, write=False)
+            reads.append(gbps)
+            gbps, direct = _pass(path, count, request_bytes, threads, direct, write=True, over=True)
+            overwrites.append(gbps)
+        finally:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+    return ProbeResult(str(folder), request_bytes, count * request_bytes, direct, statistics.median(writes),
+                       statistics.median(reads), threads, (min(writes), max(writes)), (min(reads), max(reads)),
+                       overwrite_gbps=statistics.median(overwrites), overwrite_range=(min(overwrites), max(overwrites)))
+
+
+def write_reference(probe: ProbeResult | BurstResult, over_share: float) -> float:
+    """The drive's write bandwidth for a mix of writes: `over_share` of the bytes written over existing
+    files (probe.overwrite_gbps), the rest into new ones (probe.write_gbps); time adds, so the harmonic mix."""
+    if not probe.overwrite_gbps or over_share <= 0:
+        return probe.write_gbps
+    return 1.0 / (over_share / probe.overwrite_gbps + (1.0 - over_share) / probe.write_gbps)
+
+
+def remove_store(store) -> None:
+    """A probe's store gone: its chunk files, the free files it kept, its folder."""
+    store.clear()
+    store.drop_free()
+    try:
+        store.root.rmdir()
+    except OSError:
+        pass
+
+
+def leave_free(store, count: int) -> None:
+    """Write `count` chunk files and remove them: the store keeps them as free files, written over by the
+    next saves, as the connector's store does with chunks it removed."""
+    import uuid
+
+    buffer = store.new_buffer()
+    keys = [uuid.uuid4().hex for _ in range(count)]
+    for key in keys:  # all written before any is removed, or each write would take the last one's file
+        if not store.write(key, buffer):
+            raise OSError(f"probe store: chunk write failed under {store.root}")
+    for key in keys:
+        store.delete(key)
+
+
+def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 20, repeats: int = 3,
+                threads: int = 1, cpus: set[int] | None = None, slice_us: int = 0,
+                over_share: float = 0.0) -> ProbeResult:
+    """The connector's store alone, no engine: `threads` threads write fresh chunk files of `file_bytes`
+    through ChunkStore (header, checksum, temporary name, rename), then read each back once.
+
+    Between the raw probe (probe_disk) and the connector in a running server, it splits the gap in two:
+    what one file per chunk costs (store / probe) and what sharing the machine with the engine costs
+    (connector / store). `cpus` and `slice_us` place its threads as the connector's run: bound to the
+    engine worker's CPUs, with its scheduler slice (connector/sched.py). `over_share`: that share of the
+    writes goes over free files (removed chunks' files, as the connector recycles them), the rest into new.
+    """
+    import uuid
+
+    from pytest_kvoffload.connector.io_threads import request_slice
+    from pytest_kvoffload.drive.cpu_use import own_thread_times
+    from pytest_kvoffload.connector.store import HEADER_SIZE, ChunkStore, Layout
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise NotADirectoryError(f"probe store: {folder} is not a folder; pass the folder on the drive to measure")
+    layout = Layout(layers=1, blocks=1, block_bytes=max(ALIGN, padded(file_bytes) - HEADER_SIZE))
+    count = max(threads, total_bytes // layout.file_bytes)
+    writes: list[float] = []
+    reads: list[float] = []
+    write_times: list[tuple[float, float]] = []  # per write pass and thread: (on a CPU, waiting for one), s
+    direct = True
+    for n in range(repeats):
+        root = folder / f".kvoffload-store-probe-{os.getpid()}-{n}"
+        store = ChunkStore(root, "probe", layout, keep_free=count)
+        direct = store.direct_io
+        leave_free(store, round(over_share * count))
+        keys = [uuid.uuid4().hex for _ in range(count)]
+
+        def run(write: bool) -> float:
+            def work(first: int) -> None:
+                if cpus:
+                    os.sched_setaffinity(0, cpus)  # this thread only
+                if slice_us:
+                    request_slice(slice_us)
+                buffer = store.new_buffer()
+                store.payload_view(buffer)[:] = 0xA5
+                begun = own_thread_times()
+                for key in keys[first::threads]:
+                    ok = store.write(key, buffer) if write else store.read(key, buffer)
+                    if not ok:
+                        raise OSError(f"probe store: chunk {'write' if write else 'read'} failed under {root}")
+                ended = own_thread_times()
+                if write and begun and ended:
+                    write_times.append((ended[0] - begun[0], ended[1] - begun[1]))
+
+            started = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=threads) as pool:
+                list(pool.map(work, range(threads)))
+            return count * layout.file_bytes / (time.perf_counter() - started) / 1e9
+
+        try:
+            writes.append(run(write=True))
+            reads.append(run(write=False))
+        finally:
+            remove_store(store)
+    timed = repeats * count if len(write_times) == repeats * threads else 0
+    return ProbeResult(str(folder), layout.file_bytes, count * layout.file_bytes, direct, statistics.median(writes),
+                       statistics.median(reads), threads, (min(writes), max(writes)), (min(reads), max(reads)),
+                       1e3 * sum(t[0] for t in write_times) / timed if timed else None,
+                       1e3 * sum(t[1] for t in write_times) / timed if timed else None)
+
+
+@dataclass
+class BurstResult:
+    """The drive alone in bursts: `burst` chunk-sized requests handed to `threads` threads at once, then
+    `gap_s` of nothing, timed as the connector times its saves (bytes over the union of the bursts' walls)."""
+    path: str
+    request_bytes: int
+    burst: int
+    gap_s: float
+    threads: int
+    write_gbps: float  # median over passes
+    write_range: tuple[float, float]
+    # The same bursts written over the file just written (old blocks), and the fresh file read once in
+    # bursts of read_burst requests (a load's chunks); read figures 0 where read_burst is 0
+    overwrite_gbps: float = 0.0
+    overwrite_range: tuple[float, float] = (0.0, 0.0)
+    read_burst: int = 0
+    read_gbps: float = 0.0
+    read_range: tuple[float, float] = (0.0, 0.0)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        over = (f", over it {self.overwrite_gbps:.2f} GB/s ({self.overwrite_range[0]:.2f} to "
+                f"{self.overwrite_range[1]:.2f})" if self.overwrite_gbps else "")
+        read = (f"; read {self.read_gbps:.2f} GB/s ({self.read_range[0]:.2f} to {self.read_range[1]:.2f}) in bursts "
+                f"of {self.read_burst}" if self.read_burst else "")
+        return (f"write {self.write_gbps:.2f} GB/s ({self.write_range[0]:.2f} to {self.write_range[1]:.2f}){over} in "
+                f"bursts of {self.burst} chunks{read}, {self.gap_s * 1e3:.0f} ms apart, {self.threads} thread(s)")
+
+
+def timed_bursts(pool: ThreadPoolExecutor, write, items: list, burst: int, gap_s: float) -> float:
+    """Hand `items` to `pool` `burst` at a time with `gap_s` of nothing after each, as the connector's saves
+    arrive a step at a time; the busy seconds, timed as the connector times its saves: per burst from its
+    hand-over to the end of its last write (`write` returns time.perf_counter() at its end)."""
+    busy = 0.0
+    for first in range(0, len(items), burst):
+        started = time.perf_counter()
+        ends = list(pool.map(write, items[first:first + burst]))
+        busy += max(ends) - started
+        time.sleep(gap_s)
+    return busy
+
+
+def probe_disk_bursts(folder: str | Path, request_bytes: int, burst: int, gap_s: float, total_bytes: int = 32 << 20,
+                      repeats: int = 3, threads: int = 1, read_burst: int = 0) -> BurstResult:
+    """The drive alone in the connector's save pattern, none of the store's code: raw requests of a chunk's
+    size at consecutive offsets of one file, O_DIRECT where allowed, handed `burst` at a time to `threads`
+    threads with `gap_s` of nothing after each, timed as the connector times its saves (timed_bursts). Each pass writes a fresh file
+    so (new blocks: write_gbps), then, where `read_burst`, reads it once in bursts of that many requests (as
+    a load reads a prompt's chunks; read_gbps), then writes over it the same way (old blocks:
+    overwrite_gbps); write_reference mixes the two writes as it does the continuous probe's. Against the continuous probe (probe_disk) this is what
+    the pattern itself costs on the drive; against it the connector's figure is what its code and the
+    engine cost."""
+    import threading
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise NotADirectoryError(f"probe disk: {folder} is not a folder; pass the folder on the drive to measure")
+    request_bytes = padded(request_bytes)
+    burst = max(1, burst)
+    offsets = [i * request_bytes for i in range(max(1, total_bytes // (burst * request_bytes)) * burst)]
+    direct = hasattr(os, "O_DIRECT")
+    local = threading.local()
+    fresh: list[float] = []
+    over: list[float] = []
+    reads: list[float] = []
+    ways = [(os.O_CREAT | os.O_WRONLY | os.O_TRUNC, burst, fresh), (os.O_RDONLY, read_burst, reads),
+            (os.O_WRONLY, burst, over)]
+    for n in range(repeats):
+        path = folder / f".kvoffload-burst-disk-{os.getpid()}-{n}"
+        try:
+            for flags, size, out in ways:
+                if not size:
+                    continue
+                fd, direct = _open(path, flags, direct)
+                if flags == os.O_RDONLY and not direct:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+                def move(offset: int) -> float:
+                    buffer = getattr(local, "buffer", None)
+                    if buffer is None:
+                        buffer = local.buffer = aligned_buffer(request_bytes)
+                        buffer[:] = 0xA5
+                    if flags == os.O_RDONLY:
+                        os.preadv(fd, [memoryview(buffer)], offset)
+                    else:
+                        os.pwrite(fd, memoryview(buffer), offset)
+                    return time.perf_counter()
+
+                try:
+                    with ThreadPoolExecutor(max_workers=threads) as pool:
+                        busy = timed_bursts(pool, move, offsets, size, gap_s)
+                finally:
+                    os.close(fd)
+                out.append(len(offsets) * request_bytes / busy / 1e9)
+        finally:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+    return BurstResult(str(folder), request_bytes, burst, gap_s, threads, statistics.median(fresh),
+                       (min(fresh), max(fresh)), statistics.median(over), (min(over), max(over)), read_burst,
+                       statistics.median(reads) if reads else 0.0, (min(reads), max(reads)) if reads else (0.0, 0.0))

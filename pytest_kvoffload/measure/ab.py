@@ -1,0 +1,117 @@
+"""A/B: two backends (or variants, or one backend against itself) compared in one run, cell by cell.
+
+Both servers are up at once; each round measures the cell on A and on B with fresh prompts, the order
+alternating between rounds (A first, then B first), and waits out the other server's busy-poll before
+each request (vLLM's worker spins for about a second after a message, on the core the other server's
+worker uses: suites/test_equal_engines.py). A cell's verdict comes from the per-round ratios B / A: a
+distribution-free 95% confidence interval for their median (order statistics), and
+
+- slower: the interval lies above 1 + FLOOR (3%: a difference this small is not credited),
+- faster: below 1 - FLOOR,
+- no difference: otherwise, at that confidence.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from tabulate import tabulate
+
+from pytest_kvoffload.measure.cells import Cell, State
+from pytest_kvoffload.measure.runner import CellRunner
+from pytest_kvoffload.measure.paired import FLOOR, interval
+from pytest_kvoffload.core.progress import Tracker
+from pytest_kvoffload.serve.server import IDLE_S
+
+# Fewer rounds than this cannot give a two-sided 95% interval (paired.interval).
+MIN_ROUNDS = 7
+SELF_SUFFIX = "~b"
+
+
+def twin_name(name: str) -> str:
+    """B's name when a backend is compared with itself: its own server and store, the same configuration."""
+    return f"{name}{SELF_SUFFIX}"
+
+
+@dataclass
+class CellComparison:
+    cell: Cell
+    a_s: list[float] = field(default_factory=list)
+    b_s: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ratios(self) -> list[float]:
+        return [b / a for a, b in zip(self.a_s, self.b_s) if a > 0]
+
+    def interval(self) -> tuple[float | None, float | None]:
+        return interval(self.ratios)
+
+    def verdict(self) -> str:
+        low, high = self.interval()
+        if low is None or high is None:
+            return f"undecided (fewer than {MIN_ROUNDS} rounds)"
+        if low > 1 + FLOOR:
+            return "B slower"
+        if high < 1 - FLOOR:
+            return "B faster"
+        return "no difference"
+
+    def to_dict(self) -> dict:
+        low, high = self.interval()
+        return {"length": self.cell.length, "fraction": self.cell.fraction, "state": self.cell.state.value,
+                "a_s": self.a_s, "b_s": self.b_s, "ratios": self.ratios,
+                "median_ratio": float(np.median(self.ratios)) if self.ratios else None,
+                "interval": [low, high], "verdict": self.verdict(), "failures": self.failures}
+
+
+def compare_cell(session, a, b, cell: Cell, rounds: int) -> CellComparison:
+    """`rounds` rounds of one cell on both servers, interleaved, fresh prompts each round."""
+    comparison = CellComparison(cell)
+    endpoints = {a.name: session.endpoint(a), b.name: session.endpoint(b)}
+    tracker = Tracker(session.progress, f"A/B {cell.id}", rounds, "rounds")
+    for r in range(rounds):
+        order = (a, b) if r % 2 == 0 else (b, a)
+        measured = {}
+        for backend in order:
+            time.sleep(IDLE_S)
+            outcome = CellRunner(session, backend, endpoints[backend.name], cell, first_round=r, purpose="ab",
+                                 check_output=r == 0).run(1)
+            comparison.failures += [f"{backend.name} {f}" for f in outcome.failures]
+            measured[backend.name] = outcome.ttfts[-1]
+        comparison.a_s.append(measured[a.name])
+        comparison.b_s.append(measured[b.name])
+        tracker.step()
+    return comparison
+
+
+def render(a: str, b: str, comparisons: list[CellComparison]) -> str:
+    rows = []
+    for c in comparisons:
+        low, high = c.interval()
+        interval = "-" if low is None else f"{low:.3f} to {high:.3f}"
+        rows.append([c.cell.length, "-" if c.cell.state is State.COLD else f"{c.cell.fraction:g}", c.cell.state.value,
+                     f"{np.median(c.a_s) * 1e3:,.1f}", f"{np.median(c.b_s) * 1e3:,.1f}",
+                     f"{np.median(c.ratios):.3f}", interval, c.verdict()])
+    table = tabulate(rows, headers=["length", "cached", "state", "A p50 ms", "B p50 ms", "B/A median",
+                                    "95% interval", "verdict"], disable_numparse=True)
+    return f"A = {a}, B = {b}; rounds interleaved, paired ratios B/A\n{table}\n{overall(comparisons)}"
+
+
+def overall(comparisons: list[CellComparison]) -> str:
+    verdicts = [c.verdict() for c in comparisons]
+    slower, faster = verdicts.count("B slower"), verdicts.count("B faster")
+    same = verdicts.count("no difference")
+    if not slower and not faster:
+        head = "no difference shown in any cell"
+    elif slower and not faster:
+        head = f"B slower in {slower} cell(s), never faster"
+    elif faster and not slower:
+        head = f"B faster in {faster} cell(s), never slower"
+    else:
+        head = f"mixed: B slower in {slower} cell(s), faster in {faster}"
+    rest = len(verdicts) - slower - faster - same
+    return (f"overall: {head}; {same} without a difference at 95% confidence"
+            + (f"; {rest} undecided" if rest else ""))

@@ -1,0 +1,216 @@
+"""Measuring one cell: prepare its state, time the request, check where the hits came from, record."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pytest_kvoffload.serve.backends import Backend
+from pytest_kvoffload.measure.cells import Cell, Expectation, State, expectation
+from pytest_kvoffload.serve.client import Endpoint, RequestResult, attach_sources, measure, stream_completion
+from pytest_kvoffload.serve.metrics import Snapshot
+from pytest_kvoffload.measure.prompts import Prompt, make_prompt
+from pytest_kvoffload.harness.session import KVSession
+
+
+# Greedy tokens compared with a recompute in one round of every hit cell: wrong KV changes them (on a model
+# whose weights make attention matter, weights.py), while TTFT stays the time to the first one.
+OUTPUT_TOKENS = 8
+# Two computations of the same prompt agree only up to rounding (bf16 keeps 8 bits of mantissa, and a
+# hit computes its suffix in other shapes than a cold prefill), so a token within this many nats of the
+# recompute's likeliest is a correct answer too. Wrong KV changes the distribution itself.
+TIE_NATS = 0.1
+# How many of the recompute's likeliest tokens come back with their logprobs. Seen in bf16: three
+# tokens within 0.031 nats, the hit taking the third; two candidates could not see that tie.
+TIE_CANDIDATES = 5
+
+
+def first_difference(got: list[int], want: list[int], want_top: list[dict[int, float]] | None = None) -> str | None:
+    """None when the outputs agree (up to a near-tie in the recompute's logprobs), else where they differ."""
+    for i, (a, b) in enumerate(zip(got, want)):
+        if a != b:
+            top = want_top[i] if want_top and i < len(want_top) else {}
+            if a in top and b in top and top[b] - top[a] <= TIE_NATS:
+                return None  # a near-tie: what follows it may differ legitimately
+            return f"output token {i}: {a} where a recompute gives {b}"
+    if len(got) != len(want):
+        return f"{len(got)} output tokens where a recompute gives {len(want)}"
+    return None
+
+
+def recompute(endpoint: Endpoint, tokens: list[int], salt: str) -> RequestResult:
+    """The prompt under a fresh cache_salt, which no engine or tier cache may answer, with the likeliest
+    tokens' logprobs at each output position (first_difference forgives near-ties by them)."""
+    return stream_completion(endpoint, tokens, OUTPUT_TOKENS, cache_salt=salt, logprobs=TIE_CANDIDATES)
+
+
+@dataclass
+class CellOutcome:
+    cell: Cell
+    backend: str
+    results: list[RequestResult] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ttfts(self) -> list[float]:
+        return [r.client_ttft_s for r in self.results]
+
+
+def place_in_tier_only(endpoint: Endpoint, backend: Backend, tokens: list[int]) -> list[RequestResult]:
+    """Leave `tokens`' prefix in the backend's tier and nowhere above it; returns the priming requests."""
+    results = []
+    for i in range(backend.prime_requests):
+        if i:
+            # A tier that stores a block only on its second lookup must see the prefix computed again.
+            endpoint.reset_prefix_cache(external=False)
+        results.append(measure(endpoint, tokens))
+    endpoint.reset_prefix_cache(external=backend.evict_connector)
+    if backend.evict_connector:
+        # vLLM holds promotions from the file tier until the reset is flushed by a step: run one.
+        stream_completion(endpoint, [1 + i for i in range(8)])
+    return results
+
+
+class CellRunner:
+    """Runs the rounds of one cell; `setup`, `target` and `teardown` are shaped for benchmark.pedantic, so
+    pytest-benchmark times only `target` (one streamed request; with max_tokens=1 its time is TTFT)."""
+
+    def __init__(self, session: KVSession, backend: Backend, endpoint: Endpoint, cell: Cell,
+                 first_round: int = 0, purpose: str = "measure", check_output: bool = True) -> None:
+        self.session = session
+        self.backend = backend
+        self.endpoint = endpoint
+        self.cell = cell
+        self.outcome = CellOutcome(cell, backend.name)
+        # "measure" rounds make the run's cells; others (a suite's probes) are recorded but kept out of them.
+        self.purpose = purpose
+        # Whether this runner's first round compares its output with a recompute (a caller running a cell
+        # one round per runner asks for it once).
+        self.check_output = check_output
+        # Rounds number the prompts: a runner that continues a cell (first_round > 0) gets fresh ones.
+        self._round = first_round
+        self._first_round = first_round
+        self._prompt: Prompt | None = None
+        self._before: Snapshot | None = None
+        self._pending: RequestResult | None = None
+        # A buffered disk tier's page-cache state before this round's hit (session.prepare_tier_read).
+        self._tier_read: dict | None = None
+
+    def prompt(self, variant: str) -> Prompt:
+        s = self.session
+        fraction = self.cell.fraction if self.cell.state is not State.COLD else 0.0
+        # The purpose is part of the key: a suite's probes must never warm the cells measured after them.
+        salt = f"{s.salt}|{self.backend.name}|{self.purpose}|{self.cell.state.value}|round{self._round}"
+        return make_prompt(self.cell.length, fraction, seed=s.settings.random_seed, salt=salt, variant=variant,
+                           vocab_size=s.settings.model.vocab_size)
+
+    def setup(self):
+        self._round += 1
+        self._prompt = self.prompt("measure")
+        if self.cell.state is not State.COLD:
+            primer = self.prompt("prime")
+            if self.cell.state is State.TIER_HIT:
+                for result in place_in_tier_only(self.endpoint, self.backend, primer.tokens):
+                    self._record(result, purpose="prime")
+                # A buffered disk tier could serve this hit from the page cache: not a disk read.
+                self._tier_read = self.session.prepare_tier_read(self.backend.name)
+            else:
+                self._record(measure(self.endpoint, primer.tokens), purpose="prime")
+        self._before = self.endpoint.metrics()
+        return (self._prompt.tokens,), {}
+
+    def _checks_output(self) -> bool:
+        # The first round of every cell; for a cold cell the check is that two computations agree.
+        return self.check_output and self._round == self._first_round + 1
+
+    def target(self, tokens: list[int]) -> RequestResult:
+        self._pending = stream_completion(self.endpoint, tokens, OUTPUT_TOKENS if self._checks_output() else 1)
+        return self._pending
+
+    def _check_output(self, result: RequestResult) -> str | None:
+        """The same prompt recomputed under a fresh cache_salt (no cache may answer it) must give the same tokens."""
+        salt = f"{self.session.salt}|recompute|{self.backend.name}|{self.cell.id}|{self._round}"
+        reference = recompute(self.endpoint, self._prompt.tokens, salt)
+        return first_difference(result.output_token_ids, reference.output_token_ids, reference.top_logprobs)
+
+    def teardown(self, tokens: list[int] | None = None) -> None:
+        """After each round, outside the timed part: sources, checks and the record."""
+        self._complete_round()
+
+    def _complete_round(self) -> None:
+        if self._pending is None:
+            return
+        result, self._pending = self._pending, None
+        attach_sources(self.endpoint, self._before, result)
+        settings = self.session.settings
+        expect = expectation(self.cell, len(self._prompt.prefix), settings.block_size, self.backend.tier,
+                             self.backend.granularity(settings), self.backend.last_block_source)
+        if result.connector.get("kvoffload:loads_declined_total"):
+            # The admission rule chose to recompute: nothing may come from the tier.
+            expect = Expectation(None, 0)
+        problem = expect.check(result.cached_by_source)
+        proof = self.backend.load_proof
+        if problem is None and proof is not None and self.cell.state is State.TIER_HIT and expect.tokens:
+            problem = proof(result.connector, expect.tokens, settings.kv_bytes_per_token)
+        output = None
+        if self._checks_output():
+            output = {"output_checked": True}
+            difference = self._check_output(result)
+            output["output_matches"] = difference is None
+            if difference:
+                output["output_difference"] = difference
+                problem = f"{problem}; {difference}" if problem else difference
+        if problem:
+            self.outcome.failures.append(f"round {self._round}: {problem}")
+        self.outcome.results.append(result)
+        self._record(result, purpose=self.purpose, expected=expect, problem=problem, output=output)
+
+    def _record(self, result: RequestResult, purpose: str, expected=None, problem: str | None = None,
+                output: dict | None = None) -> None:
+        record = {
+            "backend": self.backend.name,
+            "length": self.cell.length,
+            "fraction": self.cell.fraction,
+            "state": self.cell.state.value,
+            "round": self._round,
+            "purpose": purpose,
+            **result.to_dict(),
+        }
+        record.pop("output_token_ids", None)
+        record.pop("top_logprobs", None)
+        if purpose != "prime" and self._tier_read is not None:
+            record["tier_page_cache"], self._tier_read = self._tier_read, None
+        if expected is not None:
+            record["expected_source"] = expected.source
+            record["expected_cached"] = expected.tokens
+            record["verified"] = problem is None
+            record["problem"] = problem
+        if output:
+            record.update(output)
+        self.session.hook_measurement(record)
+        self.session.record(record)
+
+    def run(self, rounds: int, benchmark=None) -> CellOutcome:
+        if benchmark is not None and getattr(benchmark, "enabled", False):
+            benchmark.pedantic(self.target, setup=self.setup, teardown=self.teardown, rounds=rounds, iterations=1)
+        else:
+            for _ in range(rounds):
+                args, _ = self.setup()
+                self.target(*args)
+                self.teardown(*args)
+        if benchmark is not None:
+            benchmark.extra_info.update(self.extra_info())
+        return self.outcome
+
+    def extra_info(self) -> dict:
+        sources: dict[str, float] = {}
+        for r in self.outcome.results:
+            for s, n in r.cached_by_source.items():
+                sources[s] = sources.get(s, 0) + n / len(self.outcome.results)
+        return {
+            "backend": self.backend.name,
+            "length": self.cell.length,
+            "fraction": self.cell.fraction,
+            "state": self.cell.state.value,
+            "cached_tokens_by_source": sources,
+            "ttft_s": self.outcome.ttfts,
+        }

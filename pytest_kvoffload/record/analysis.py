@@ -1,0 +1,290 @@
+"""From measured cells to break-even figures: recompute fit, tier fit, break-even bandwidth and prefix.
+
+Model (the seed's, with the suffix that a partial hit still computes):
+    cold TTFT            t(n) = a + b n + c n^2
+    tier-hit TTFT        t_fixed + p B / bw + (t(L) - t(p))      p cached tokens of an L-token prompt
+so  tier-hit TTFT - (t(L) - t(p)) = t_fixed + p B / bw, a straight line in p.
+A hit of p tokens pays when t_fixed + p B / bw < t(p); the break-even prefix p* is where they meet.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from pytest_kvoffload.measure.cells import State
+
+
+@dataclass(frozen=True)
+class RecomputeFit:
+    a: float
+    b: float
+    c: float
+
+    def __call__(self, n: float) -> float:
+        return self.a + self.b * n + self.c * n * n
+
+
+# Half-widths of the fits' intervals, in standard errors: about 95% (the noise of a line through a
+# handful of cells' medians, each measured in a few rounds; a normal approximation, stated as such).
+INTERVAL_SE = 2.0
+
+
+@dataclass(frozen=True)
+class TierFit:
+    bandwidth_bps: float  # effective bytes per second of the tier (inf when loads cost nothing measurable)
+    fixed_s: float
+    points: int
+    # The fit's ~95% interval (INTERVAL_SE standard errors): the bandwidth's is (low, high), high inf when
+    # the slope's interval reaches 0: the loads were too small for this noise to tell their transfer time.
+    bandwidth_low_bps: float = 0.0
+    bandwidth_high_bps: float = math.inf
+    fixed_low_s: float = -math.inf
+    fixed_high_s: float = math.inf
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the transfer time was told apart from the noise (the bandwidth has an upper bound)."""
+        return math.isfinite(self.bandwidth_high_bps) and math.isfinite(self.bandwidth_bps)
+
+    def load_seconds(self, tokens: float, kv_bytes_per_token: int) -> float:
+        return self.fixed_s + tokens * kv_bytes_per_token / self.bandwidth_bps
+
+
+def fit_recompute(lengths: list[float], seconds: list[float]) -> RecomputeFit:
+    """Least squares of a + b n + c n^2; c and then b held at zero if the data make them negative."""
+    n = np.asarray(lengths, dtype=float)
+    t = np.asarray(seconds, dtype=float)
+    if len(n) == 0:
+        raise ValueError("no cold measurements to fit")
+    if len(set(n)) >= 3:
+        a, b, c = np.linalg.lstsq(np.stack([np.ones_like(n), n, n * n], 1), t, rcond=None)[0]
+        if c >= 0 and b >= 0:
+            return RecomputeFit(float(a), float(b), float(c))
+    if len(set(n)) >= 2:
+        a, b = np.linalg.lstsq(np.stack([np.ones_like(n), n], 1), t, rcond=None)[0]
+        if b >= 0:
+            return RecomputeFit(float(a), float(b), 0.0)
+    return RecomputeFit(float(t.mean()), 0.0, 0.0)
+
+
+def line_with_errors(x: np.ndarray, y: np.ndarray, sigma: np.ndarray | None = None) -> tuple[float, float, float, float]:
+    """Least squares y = slope x + intercept, and the standard errors of both. The noise is the larger of
+    the residuals' and the points' own (`sigma`, each point's standard error from its rounds): two points
+    leave no residual, yet their medians were noisy."""
+    n = len(x)
+    slope, intercept = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)[0]
+    residual = y - (slope * x + intercept)
+    variance = float(np.sum(residual ** 2) / (n - 2)) if n > 2 else 0.0
+    if sigma is not None and len(sigma):
+        variance = max(variance, float(np.mean(np.asarray(sigma) ** 2)))
+    sxx = float(np.sum((x - x.mean()) ** 2))
+    se_slope = math.sqrt(variance / sxx) if sxx > 0 else math.inf
+    se_intercept = math.sqrt(variance * (1 / n + x.mean() ** 2 / sxx)) if sxx > 0 else math.inf
+    return float(slope), float(intercept), se_slope, se_intercept
+
+
+def tier_fit_with_interval(slope: float, fixed: float, se_slope: float, se_fixed: float, points: int) -> TierFit:
+    """A TierFit from a line's slope (seconds per byte) and intercept, with its interval."""
+    low_slope, high_slope = slope - INTERVAL_SE * se_slope, slope + INTERVAL_SE * se_slope
+    bandwidth = 1.0 / slope if slope > 0 else math.inf
+    return TierFit(bandwidth, fixed, points,
+                   bandwidth_low_bps=1.0 / high_slope if high_slope > 0 else 0.0,
+                   bandwidth_high_bps=1.0 / low_slope if low_slope > 0 else math.inf,
+                   fixed_low_s=fixed - INTERVAL_SE * se_fixed, fixed_high_s=fixed + INTERVAL_SE * se_fixed)
+
+
+def point_sigma(cell: dict) -> float:
+    """The standard error of a cell's median TTFT from its rounds: spread is the relative half
+    inter-quartile range (0.674 sigma for normal noise), and a median of n rounds has 1.25 sigma / sqrt(n)."""
+    t = cell["ttft"]
+    return 1.2533 * (t.get("spread", 0.0) * t["p50"] / 0.6745) / math.sqrt(max(1, t.get("n", 1)))
+
+
+def fit_tier(points: list[tuple[int, int, float]], recompute: RecomputeFit, kv_bytes_per_token: int) -> TierFit | None:
+    """points: (prompt tokens L, cached tokens p, tier-hit TTFT seconds), p > 0."""
+    usable = [(L, p, t) for L, p, t in points if p > 0]
+    if not usable:
+        return None
+    x = np.asarray([p * kv_bytes_per_token for _, p, _ in usable], dtype=float)
+    y = np.asarray([t - (recompute(L) - recompute(p)) for L, p, t in usable], dtype=float)
+    if len(set(x)) < 2:
+        return TierFit(math.inf, float(y.mean()), len(usable))
+    slope, fixed, se_slope, se_fixed = line_with_errors(x, y)
+    if slope <= 0:
+        # Transfer time below what this grid resolves: all of the cost is fixed.
+        return TierFit(math.inf, float(y.mean()), len(usable), bandwidth_low_bps=1.0 / (INTERVAL_SE * se_slope)
+                       if se_slope > 0 else 0.0)
+    return tier_fit_with_interval(slope, fixed, se_slope, se_fixed, len(usable))
+
+
+def load_and_recompute(tokens: float, local: float, recompute: RecomputeFit, fixed_s: float,
+                       seconds_per_token: float) -> tuple[float, float]:
+    """What loading `tokens` (on top of `local` tokens already in the engine) adds to a request, and what
+    recomputing them costs instead; the one definition of "a load pays" (load < recompute) that the
+    break-even prefix and the connector's admission rule share.
+
+    Both fits measure TTFT, so the tier's fixed cost includes the base cost every request pays
+    (recompute.a, the cold curve's intercept): only what lies above that base is the load's.
+    """
+    load = fixed_s - recompute.a + tokens * seconds_per_token
+    return load, recompute(local + tokens) - recompute(local)
+
+
+def break_even_bandwidth(n: int, recompute: RecomputeFit, fixed_s: float, kv_bytes_per_token: int) -> float:
+    """Bytes/s at which loading n cached tokens ties recomputing them (inf: a hit never pays)."""
+    budget = recompute(n) - fixed_s
+    return n * kv_bytes_per_token / budget if budget > 0 else math.inf
+
+
+def admission_margin(noise: float) -> float:
+    """The share by which the connector's rule wants a load predicted to beat recompute before it takes it:
+    twice the cells' median relative spread, 2% to 50% (a smaller predicted gain is within the noise)."""
+    return round(min(0.5, max(0.02, 2 * noise)), 4)
+
+
+def break_even_prefix(tier: TierFit, recompute: RecomputeFit, kv_bytes_per_token: int, margin: float = 0.0) -> float:
+    """The prefix length from which every longer hit beats recomputing it (inf: no such length); with a
+    `margin`, beats (1 - margin) of it: the prefix from which the connector's rule admits a load.
+
+    h(p) = (1 - m) (t(p) - a) - (load(p) - ...) = (a - fixed) + ((1 - m) b - s) p + (1 - m) c p^2, s the
+    transfer seconds per token: a hit is taken where h > 0 (load_and_recompute at local 0). With c > 0 that
+    is outside the roots, so the answer is the larger root (1 when h has none); a hit may also pay below the
+    smaller root, on fixed costs alone, but not from there on.
+    """
+    s = 0.0 if math.isinf(tier.bandwidth_bps) else kv_bytes_per_token / tier.bandwidth_bps
+    # h(p) = (1 - m) recompute - load of load_and_recompute(p, 0, ...), expanded:
+    keep = 1.0 - margin
+    a, b, c = recompute.a - tier.fixed_s, keep * recompute.b - s, keep * recompute.c
+    if c > 0:
+        disc = b * b - 4 * a * c
+        if disc < 0:
+            return 1.0
+        return max(1.0, (-b + math.sqrt(disc)) / (2 * c))
+    if b > 0:
+        return max(1.0, -a / b) if a < 0 else 1.0
+    return math.inf
+
+
+def frontier(lengths: list[int], p_star: float) -> dict[int, float | None]:
+    """Smallest cached fraction that pays at each length (None: not even a full hit pays)."""
+    return {n: (p_star / n if p_star < n else None) for n in lengths}
+
+
+def fit_tier_paired(pairs: list[tuple[int, float]], base_s: float, kv_bytes_per_token: int,
+                    sigmas: list[float] | None = None) -> TierFit | None:
+    """pairs: (cached tokens p, tier-hit TTFT minus engine-hit TTFT of the same cell); sigmas: each
+    difference's standard error from the two cells' rounds (point_sigma), for the interval.
+
+    An engine hit of the same cell computes the same suffix, so the difference is the tier's own cost,
+    extra_fixed + p B / bw, free of the recompute fit's noise. base_s (what a hit costs with nothing to
+    transfer) is added to the intercept so the fixed cost compares with t(p) like the seed's formula.
+    """
+    usable = [(p, d) for p, d in pairs if p > 0]
+    if not usable:
+        return None
+    x = np.asarray([p * kv_bytes_per_token for p, _ in usable], dtype=float)
+    y = np.asarray([d for _, d in usable], dtype=float)
+    sigma = np.asarray([s for (p, _), s in zip(pairs, sigmas) if p > 0], dtype=float) if sigmas else None
+    if len(set(x)) >= 2:
+        slope, extra, se_slope, se_extra = line_with_errors(x, y, sigma)
+    else:
+        slope, extra = (y[0] / x[0], 0.0) if y[0] > 0 else (0.0, float(y[0]))
+        se_slope, se_extra = math.inf, math.inf  # one prefix length: bandwidth and fixed cost are not separable
+    fixed = base_s + max(0.0, float(extra))
+    if slope <= 0:
+        low = 1.0 / (INTERVAL_SE * se_slope) if 0 < se_slope < math.inf else 0.0
+        return TierFit(math.inf, fixed, len(usable), bandwidth_low_bps=low,
+                       fixed_low_s=fixed - INTERVAL_SE * se_extra, fixed_high_s=fixed + INTERVAL_SE * se_extra)
+    return tier_fit_with_interval(slope, fixed, se_slope, se_extra, len(usable))
+
+
+def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -> dict:
+    """Per backend: the recompute fit, each tier's fit and its break-even figures. tiers: backend -> source."""
+    out: dict = {}
+    for backend in sorted({c["backend"] for c in cells}):
+        mine = [c for c in cells if c["backend"] == backend]
+        cold = [c for c in mine if c["state"] == State.COLD.value]
+        if not cold:
+            continue
+        recompute = fit_recompute([c["length"] for c in cold], [c["ttft"]["p50"] for c in cold])
+        lengths = sorted({c["length"] for c in cold})
+        # The cells' typical relative spread: how close to the threshold a decision is a coin flip.
+        spreads = [c["ttft"].get("spread", 0.0) for c in mine if c["state"] in (State.COLD.value, State.TIER_HIT.value)]
+        entry: dict = {"recompute": asdict(recompute), "tier": None, "noise": float(np.median(spreads))}
+        source = tiers.get(backend)
+        tier_cells = [c for c in mine if c["state"] == State.TIER_HIT.value and source]
+        engine = {(c["length"], c["fraction"]): c for c in mine if c["state"] == State.ENGINE_HIT.value}
+        paired = [(c, engine[(c["length"], c["fraction"])]) for c in tier_cells if (c["length"], c["fraction"]) in engine]
+        pairs = [(round(c["sources"].get(source, 0)), c["ttft"]["p50"] - e["ttft"]["p50"]) for c, e in paired]
+        sigmas = [math.hypot(point_sigma(c), point_sigma(e)) for c, e in paired]
+        # What a hit costs beyond its suffix when nothing is transferred: the engine hits' residual.
+        residual = [e["ttft"]["p50"] - (recompute(e["length"]) - recompute(round(e["sources"].get("device", 0))))
+                    for e in engine.values()]
+        if residual:
+            entry["hit_base_s"] = max(0.0, float(np.median(residual)))
+        loaded = [round(c["sources"].get(source, 0)) * kv_bytes_per_token / 1e6 for c in tier_cells
+                  if c["sources"].get(source)]
+        if pairs:
+            tier = fit_tier_paired(pairs, entry["hit_base_s"], kv_bytes_per_token, sigmas)
+            method = "paired with engine hits"
+        else:
+            hits = [(c["length"], round(c["sources"].get(source, 0)), c["ttft"]["p50"]) for c in tier_cells]
+            tier = fit_tier(hits, recompute, kv_bytes_per_token) if hits else None
+            method = "against the recompute fit"
+        if tier is not None:
+            p_star = break_even_prefix(tier, recompute, kv_bytes_per_token)
+            margin = admission_margin(entry["noise"])
+            enforced = break_even_prefix(tier, recompute, kv_bytes_per_token, margin)
+            # The break-even prefix at the interval's lowest bandwidth: with the bandwidth unresolved, the
+            # prefix from which hits pay is known only as at most this.
+            slowest = TierFit(tier.bandwidth_low_bps or math.inf, tier.fixed_s, tier.points)
+            p_bound = break_even_prefix(slowest, recompute, kv_bytes_per_token) if tier.bandwidth_low_bps else math.inf
+            entry["tier"] = {
+                "source": source,
+                "method": method,
+                "bandwidth_gbps": None if math.isinf(tier.bandwidth_bps) else tier.bandwidth_bps / 1e9,
+                "resolved": tier.resolved,
+                "bandwidth_interval_gbps": [tier.bandwidth_low_bps / 1e9,
+                                            None if math.isinf(tier.bandwidth_high_bps) else tier.bandwidth_high_bps / 1e9],
+                "fixed_interval_s": [None if math.isinf(tier.fixed_low_s) else tier.fixed_low_s,
+                                     None if math.isinf(tier.fixed_high_s) else tier.fixed_high_s],
+                "break_even_prefix_at_most_tokens": None if math.isinf(p_bound) else p_bound,
+                # What the connector's static rule takes, margin included (calibration.json carries both).
+                "margin": margin,
+                "enforced_break_even_prefix_tokens": None if math.isinf(enforced) else enforced,
+                "load_mb": [min(loaded), max(loaded)] if loaded else None,
+                "fixed_s": tier.fixed_s,
+                "points": tier.points,
+                "break_even_prefix_tokens": None if math.isinf(p_star) else p_star,
+                "break_even_gbps": {str(n): _finite(break_even_bandwidth(n, recompute, tier.fixed_s,
+                                                                          kv_bytes_per_token)) for n in lengths},
+                "frontier": {str(n): f for n, f in frontier(lengths, p_star).items()},
+            }
+        out[backend] = entry
+    return out
+
+
+def _finite(bps: float) -> float | None:
+    return None if math.isinf(bps) else bps / 1e9
+
+
+def queue_overlap(samples: list[tuple[int, int, float, float]], load_and_saved, wait_s: float) -> float | None:
+    """How much of a queue a load really hides in: 0 (the load waits its turn too) to 1 (fully hidden).
+
+    samples: (prompt length, tokens loaded, hit TTFT, cold TTFT) of probes sent behind the same long
+    prefill, with every load taken; load_and_saved(tokens) the (load, recompute) seconds of
+    load_and_recompute for those tokens; wait_s the prefill ahead of the probe (W). In the fluid model a
+    load of L seconds that progresses for a share e of W, replacing t_p seconds of recompute, gives
+    hit - cold = max(0, L - e W) - t_p; so e = (L - t_p - (hit - cold)) / W, the median over samples,
+    within [0, 1].
+    """
+    if wait_s <= 0 or not samples:
+        return None
+    shares = []
+    for _, tokens, hit, cold in samples:
+        load, saved = load_and_saved(tokens)
+        shares.append((load - saved - (hit - cold)) / wait_s)
+    return float(min(1.0, max(0.0, np.median(shares))))

@@ -1,0 +1,26 @@
+"""A run's results computed from its measurements: the per-cell table, the break-even analysis per backend
+and, beside each measured tier, the first-order figures at the prefill speed this run achieved."""
+
+from __future__ import annotations
+
+from pytest_kvoffload.record.analysis import analyse
+from pytest_kvoffload.serve.backends import BackendRegistry
+from pytest_kvoffload.measure.cells import State
+from pytest_kvoffload.core.first_order import first_order_at_measured_speed
+from pytest_kvoffload.core.models import DTYPE_BYTES
+from pytest_kvoffload.core.settings import Settings
+from pytest_kvoffload.record.stats import cell_table
+
+
+def compute_results(measurements: list[dict], registry: BackendRegistry, settings: Settings) -> tuple[list[dict], dict]:
+    """(cells, analysis) of a run's measurement records."""
+    cells = cell_table(measurements)
+    tiers = {name: registry.get(name).tier for name in registry.names() if registry.get(name).tier}
+    analysis = analyse(cells, settings.kv_bytes_per_token, tiers)
+    for backend, entry in analysis.items():
+        cold = {c["length"]: c["ttft"]["p50"] for c in cells
+                if c["backend"] == backend and c["state"] == State.COLD.value}
+        if entry.get("tier") and cold:
+            entry["tier"]["first_order"] = first_order_at_measured_speed(settings.model, cold,
+                                                                         DTYPE_BYTES[settings.dtype])
+    return cells, analysis
