@@ -31,7 +31,7 @@ def test_ab(kv_session, kv_cell, comparisons):
             pytest.skip(reason)
     if kv_cell.state is State.TIER_HIT and not (a.tier and b.tier):
         pytest.skip("a tier-hit cell needs both backends to have a tier")
-    comparison = ab.compare_cell(kv_session, a, b, kv_cell, max(ab.MIN_ROUNDS, kv_session.settings.rounds))
+    comparison = ab.compare_cell(kv_session.recorder, kv_session.servers, a, b, kv_cell, max(ab.MIN_ROUNDS, kv_session.settings.rounds))
     comparisons.append(comparison)
     kv_session.add_benchmark(NAME, ab.render(a.name, b.name, comparisons),
                              {"a": a.name, "b": b.name, "cells": [c.to_dict() for c in comparisons],

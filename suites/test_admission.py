@@ -31,7 +31,7 @@ def admission(kv_session, kv_backend):
     if kv_backend.name not in kv_session.settings.backends:
         pytest.skip(f"{kv_backend.name} is not among --kv-backend")
     try:
-        return check.run_admission(kv_session, kv_backend, kv_session.settings.admission,
+        return check.run_admission(kv_session.recorder, kv_session.servers, kv_backend, kv_session.settings.admission,
                                    max(MIN_ROUNDS, kv_session.settings.rounds))
     except check.SlowDriveError as exc:
         pytest.fail(f"admission suite: {exc}", pytrace=False)

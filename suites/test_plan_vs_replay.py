@@ -63,7 +63,7 @@ def test_plan_matches_the_replay(kv_session, kv_backend, kv_server):
             f"{plan_check.SOURCE_AGREEMENT:.0%} asserted), median TTFT error {comparison.median_abs_ttft_error:.0%} "
             f"over prompts of {shortest:,}+ tokens, the fit's range (target {plan_check.TTFT_ERROR_TARGET:.0%}, "
             f"not asserted)\n" + _table(comparison))
-    bench = kv_session.run_record().data.setdefault("benchmarks", {}).get(NAME, {})
+    bench = kv_session.benchmark(NAME)
     texts = {**bench.get("texts", {}), kv_backend.name: text}
     comparisons = {**bench.get("backends", {}), kv_backend.name: comparison.to_dict()}
     kv_session.add_benchmark(NAME, "\n\n".join(texts.values()), {"texts": texts, "backends": comparisons})

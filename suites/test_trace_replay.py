@@ -17,7 +17,6 @@ from tabulate import tabulate
 from pytest_kvoffload.record.analysis import analyse
 from pytest_kvoffload.core.progress import Tracker
 from pytest_kvoffload.traces.replay import offload_verdict, replay
-from pytest_kvoffload.record.stats import cell_table
 
 NAME = "trace replay"
 
@@ -36,7 +35,7 @@ def _settled(endpoint, before, prompt_tokens, deadline_s=30.0):
 
 
 def _break_even_prefix(kv_session, backend):
-    cells = [c for c in cell_table(kv_session.run_record().data["measurements"]) if c["backend"] == backend.name]
+    cells = kv_session.cells(backend.name)
     if not backend.tier or not cells:
         return None
     tier = analyse(cells, kv_session.settings.kv_bytes_per_token, {backend.name: backend.tier}) \
@@ -118,9 +117,8 @@ def test_replay_trace(kv_session, kv_backend, kv_server):
         "ttft_s_by_repeat": [[r.ttft_s for r in run] for run, _, _ in runs],
         "per_request": [vars(r) for r in runs[0][0]],
     }
-    bench = kv_session.run_record().data.setdefault("benchmarks", {}).setdefault(NAME, {"backends": {}})
-    bench["backends"][kv_backend.name] = result
-    bench["trace"] = plan.describe()
+    bench = kv_session.benchmark(NAME)
+    bench = {"trace": plan.describe(), "backends": {**bench.get("backends", {}), kv_backend.name: result}}
     summary = {k: {kk: vv for kk, vv in v.items() if kk != "per_request"} for k, v in bench["backends"].items()}
     described = plan.describe()
     chosen = "a slice of whole prefix trees, " if plan.slice_size else ""

@@ -3,7 +3,8 @@
 import pytest
 
 from pytest_kvoffload.measure import ab
-from pytest_kvoffload.serve.backends import BackendConfigError, default_registry, register_ab
+from pytest_kvoffload.serve.backends import BackendConfigError, default_registry, twin_name
+from pytest_kvoffload.harness.backend_options import register_ab
 from pytest_kvoffload.measure.cells import Cell, State
 
 CELL = Cell(1024, 1.0, State.TIER_HIT)
@@ -52,7 +53,7 @@ def test_the_pair_is_parsed_and_a_self_comparison_gets_a_twin():
 @pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
 def test_a_backend_against_itself_shows_no_difference(kv_session, kv_backend):
     # The false-positive check: the same configuration on two servers, both up, rounds interleaved.
-    twin = ab.twin_name(kv_backend.name)
+    twin = twin_name(kv_backend.name)
     if twin not in kv_session.registry:
         register_ab(kv_session.registry, f"{kv_backend.name},{kv_backend.name}")
     b = kv_session.registry.get(twin)
@@ -61,7 +62,7 @@ def test_a_backend_against_itself_shows_no_difference(kv_session, kv_backend):
     try:
         before = {name: kv_session.endpoint(backend).metrics().prompt_tokens
                   for name, backend in (("a", kv_backend), ("b", b))}
-        results = [ab.compare_cell(kv_session, kv_backend, b, cell, ab.MIN_ROUNDS) for cell in cells]
+        results = [ab.compare_cell(kv_session.recorder, kv_session.servers, kv_backend, b, cell, ab.MIN_ROUNDS) for cell in cells]
         # The control: both servers answered (a pair measured on one server would show no difference too).
         served = {name: kv_session.endpoint(backend).metrics().prompt_tokens - before[name]
                   for name, backend in (("a", kv_backend), ("b", b))}

@@ -2,9 +2,9 @@ import math
 
 import pytest
 
-from pytest_kvoffload.record.analysis import (RecomputeFit, TierFit, analyse, break_even_bandwidth, break_even_prefix,
-                                       fit_recompute, fit_tier, fit_tier_paired, frontier)
+from pytest_kvoffload.record.analysis import analyse, fit_recompute, fit_tier, fit_tier_paired
 
+from pytest_kvoffload.core.costs import RecomputeFit, TierFit, break_even_bandwidth, break_even_prefix, frontier
 B = 4096
 
 
@@ -123,8 +123,8 @@ def test_report_puts_the_seed_model_beside_the_measured_break_even():
 
 @pytest.mark.parametrize("planted", [0.0, 0.5, 1.0])
 def test_queue_overlap_recovers_a_planted_overlap(planted):
-    from pytest_kvoffload.record.analysis import load_and_recompute, queue_overlap
-
+    from pytest_kvoffload.record.analysis import queue_overlap
+    from pytest_kvoffload.core.costs import load_and_recompute
     # An intercept and a quadratic term: the cost of the first p tokens differs from that of the last p.
     recompute = RecomputeFit(0.04, 1e-4, 3e-8)
     fixed, per_token = 0.06, 4096 / 20e6

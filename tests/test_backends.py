@@ -3,8 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload.serve.backends import (Backend, LaunchContext, default_registry, server_command,
-                                       with_connector_options)
+from pytest_kvoffload.serve.backends import Backend, LaunchContext, default_registry, server_command, with_connector_options
 from pytest_kvoffload.core.models import load_model
 from pytest_kvoffload.core.settings import Settings
 
@@ -269,8 +268,8 @@ def test_a_native_tier_hit_counts_only_if_vllm_copied_its_bytes():
 
 
 def test_a_variant_from_the_command_line_is_the_backend_with_its_options(tmp_path):
-    from pytest_kvoffload.serve.backends import parse_variant
-    from pytest_kvoffload.serve.backends import split_backends
+    from pytest_kvoffload.harness.backend_options import parse_variant
+    from pytest_kvoffload.harness.backend_options import split_backends
     registry = default_registry()
     assert split_backends("gpu-only, kvoffload-disk[io_threads=4,read_gbps=0.05],native-cpu") == [
         "gpu-only", "kvoffload-disk[io_threads=4,read_gbps=0.05]", "native-cpu"]
@@ -289,7 +288,8 @@ def test_a_variant_from_the_command_line_is_the_backend_with_its_options(tmp_pat
 
 def test_another_python_runs_the_server_and_its_versions_are_read(tmp_path):
     import sys
-    from pytest_kvoffload.serve.backends import interpreter_versions, use_python
+    from pytest_kvoffload.serve.backends import interpreter_versions
+    from pytest_kvoffload.harness.backend_options import use_python
     registry = default_registry()
     use_python(registry, [f"gpu-only={sys.executable}"])
     argv, _ = server_command(registry.get("gpu-only"), LaunchContext(settings(), tmp_path), 8123)

@@ -235,8 +235,7 @@ def test_the_enforced_break_even_is_where_the_static_rule_starts_to_admit_at_any
     import math
     import random
 
-    from pytest_kvoffload.record.analysis import RecomputeFit, TierFit, break_even_prefix
-
+    from pytest_kvoffload.core.costs import RecomputeFit, TierFit, break_even_prefix
     rng = random.Random(11)
     checked = 0
     for _ in range(400):

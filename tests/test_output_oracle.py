@@ -67,7 +67,7 @@ def test_a_cell_that_loads_wrong_kv_fails_naming_backend_cell_and_token(kv_sessi
     if not kv_session.settings.model.has_weights:
         pytest.skip("the run serves dummy weights (--kv-weights dummy)")
     backend = planted(kv_session, kv_backend, "random")  # the first test's server, still up
-    outcome = CellRunner(kv_session, backend, kv_session.endpoint(backend), Cell(1024, 1.0, State.TIER_HIT)).run(2)
+    outcome = CellRunner(kv_session.recorder, backend, kv_session.endpoint(backend), Cell(1024, 1.0, State.TIER_HIT)).run(2)
     assert len(outcome.failures) == 1 and outcome.failures[0].startswith("round 1: output token "), outcome.failures
     record = [m for m in kv_session.measurements(backend.name) if m.get("output_checked")]
     assert record and record[0]["output_matches"] is False and "output token" in record[0]["problem"]

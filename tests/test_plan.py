@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from pytest_kvoffload import cli
-from pytest_kvoffload.record.analysis import RecomputeFit
-from pytest_kvoffload.planner.simulate import (LRU, PlanError, Profile, Tier, parse_engine, parse_tier, reuse_share, simulate,
-                                   slice_by_tree, summarize)
+from pytest_kvoffload.core.costs import RecomputeFit
+from pytest_kvoffload.planner.simulate import LRU, PlanError, Profile, Tier, parse_engine, parse_tier, simulate, summarize
+from pytest_kvoffload.traces.prefix_trees import reuse_share, slice_by_tree
 from pytest_kvoffload.traces.read import Scaling, TraceRequest
 
 MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
@@ -267,8 +267,8 @@ def test_a_slice_of_the_shared_trace_keeps_its_reuse_within_10_points(size):
 
 
 def test_the_planner_prints_and_applies_the_break_even_the_connector_enforces():
-    from pytest_kvoffload.record.analysis import RecomputeFit as Fit
-    from pytest_kvoffload.record.analysis import TierFit, break_even_prefix
+    from pytest_kvoffload.core.costs import RecomputeFit as Fit
+    from pytest_kvoffload.core.costs import TierFit, break_even_prefix
     from pytest_kvoffload.planner.simulate import break_even_prefix_tokens, calibration_profile
 
     recompute = {"a": 0.01, "b": 1.7e-4, "c": 1e-8}

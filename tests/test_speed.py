@@ -3,7 +3,7 @@
 import pytest
 
 from pytest_kvoffload.core import machine
-from pytest_kvoffload.record.analysis import RecomputeFit, load_and_recompute
+from pytest_kvoffload.core.costs import RecomputeFit, load_and_recompute
 from pytest_kvoffload.admission.slow_drive import SlowDriveError, loadable_prefixes, slow_drive, step_tokens
 from pytest_kvoffload.measure.prefill_speed import PrefillSpeed, lengths_within, probe_lengths
 

@@ -16,13 +16,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pytest_kvoffload.record.analysis import RecomputeFit, analyse
+from pytest_kvoffload.record.analysis import analyse
+
+from pytest_kvoffload.core.costs import RecomputeFit
 from pytest_kvoffload.serve.backends import Backend, with_connector_options
 from pytest_kvoffload.admission.queue_probe import burst_table, measured_overlap, run_bursts
 from pytest_kvoffload.core.calibration import build_calibration, write_calibration
 from pytest_kvoffload.measure.cells import Cell, State
 from pytest_kvoffload.measure.runner import CellRunner
 from pytest_kvoffload.core.progress import Tracker
+from pytest_kvoffload.measure.context import Recorder, Servers
 from pytest_kvoffload.measure.paired import CONFIDENCE, FLOOR, median_bound, verdict
 from pytest_kvoffload.measure.prompts import expected_cached, prefix_length
 from pytest_kvoffload.record.report import break_even_lines
@@ -99,28 +102,28 @@ def missed_gains(control: Grid, guarded: Grid) -> list[str]:
     return out
 
 
-def run_grid(session, backend: Backend, endpoint, lengths, fractions, rounds: int, purpose: str = "measure",
+def run_grid(recorder: Recorder, backend: Backend, endpoint, lengths, fractions, rounds: int, purpose: str = "measure",
              first_round: int = 0) -> Grid:
     """Cold, engine-hit and tier-hit rounds interleaved per length, so each hit has a cold request beside it.
 
     Engine hits of the same cells let a calibration fit the tier by pairs (analysis.py). Cells whose shared
     prefix is shorter than one stored chunk load nothing, so leave the rule nothing to decide: left out.
     """
-    settings = session.settings
+    settings = recorder.settings
     granularity = backend.granularity(settings)
     grid = Grid(backend.name)
     # A round's cost grows with its length: the time left is estimated from tokens done.
-    tracker = Tracker(session.progress, f"{purpose} grid on {backend.name}", len(lengths) * rounds,
+    tracker = Tracker(recorder.progress, f"{purpose} grid on {backend.name}", len(lengths) * rounds,
                       "lengths x rounds", total_work=sum(lengths) * rounds)
     for length in lengths:
         for r in range(first_round, first_round + rounds):
             check = r == 0  # outputs compared with a recompute once per cell
-            cold = CellRunner(session, backend, endpoint, Cell(length, 0.0, State.COLD), r, purpose, check).run(1)
+            cold = CellRunner(recorder, backend, endpoint, Cell(length, 0.0, State.COLD), r, purpose, check).run(1)
             grid.failures += [f"{length}-cold: {f}" for f in cold.failures]
             for fraction in fractions:
-                engine = CellRunner(session, backend, endpoint, Cell(length, fraction, State.ENGINE_HIT), r,
+                engine = CellRunner(recorder, backend, endpoint, Cell(length, fraction, State.ENGINE_HIT), r,
                                     purpose, check).run(1)
-                hit = CellRunner(session, backend, endpoint, Cell(length, fraction, State.TIER_HIT), r, purpose,
+                hit = CellRunner(recorder, backend, endpoint, Cell(length, fraction, State.TIER_HIT), r, purpose,
                                  check).run(1)
                 grid.failures += [f"{c.cell.id}: {f}" for c in (engine, hit) for f in c.failures]
                 if not expected_cached(prefix_length(length, fraction), length, settings.block_size, granularity):
@@ -141,13 +144,13 @@ def undecided_slower(grid: Grid) -> list[tuple[int, float]]:
                   if verdict([r.ratio for r in rounds]) == "same" and np.median([r.ratio for r in rounds]) > 1 + FLOOR)
 
 
-def settle_undecided(session, backend: Backend, endpoint, grid: Grid, max_rounds: int) -> None:
+def settle_undecided(recorder: Recorder, backend: Backend, endpoint, grid: Grid, max_rounds: int) -> None:
     """More paired rounds, up to max_rounds, for cells that look slower but are undecided: noise is met
     with evidence, never with a wider tolerance."""
     for length, fraction in undecided_slower(grid):
         rounds = grid.cells[(length, fraction)]
         while len(rounds) < max_rounds and verdict([r.ratio for r in rounds]) == "same":
-            more = run_grid(session, backend, endpoint, [length], [fraction], 1, first_round=len(rounds))
+            more = run_grid(recorder, backend, endpoint, [length], [fraction], 1, first_round=len(rounds))
             grid.failures += more.failures
             rounds += more.cells.get((length, fraction), [])
 
@@ -173,19 +176,19 @@ class AdmissionRun:
     mode: str
 
 
-def run_admission(session, backend: Backend, mode: str, rounds: int) -> AdmissionRun:
+def run_admission(recorder: Recorder, servers: Servers, backend: Backend, mode: str, rounds: int) -> AdmissionRun:
     """The admission suite's measurements: drive probe, control (every load taken), guarded (the rule)."""
-    settings = session.settings
-    lengths, fractions = session.lengths, settings.fractions
+    settings = recorder.settings
+    lengths, fractions = recorder.lengths(), settings.fractions
     kv_bytes = settings.kv_bytes_per_token
     # 1. The drive: from the unthrottled backend's cells, two rounds each, kept out of the run's cells.
-    endpoint = session.endpoint(backend)
-    session.progress(f"admission: measuring {backend.name} unthrottled to choose the slowed drive")
-    run_grid(session, backend, endpoint, lengths, fractions, 2, purpose="drive-probe")
-    probe = analyse(session.cells(backend.name, purpose="drive-probe"), kv_bytes, {backend.name: backend.tier})[backend.name]
+    endpoint = servers.endpoint(backend)
+    recorder.progress(f"admission: measuring {backend.name} unthrottled to choose the slowed drive")
+    run_grid(recorder, backend, endpoint, lengths, fractions, 2, purpose="drive-probe")
+    probe = analyse(recorder.cells(backend.name, purpose="drive-probe"), kv_bytes, {backend.name: backend.tier})[backend.name]
     prefixes = loadable_prefixes(lengths, fractions, settings.block_size, backend.granularity(settings))
     drive = slow_drive(prefixes, RecomputeFit(**probe["recompute"]), probe["tier"]["fixed_s"], kv_bytes)
-    session.progress(f"admission: {drive.describe()}")
+    recorder.progress(f"admission: {drive.describe()}")
     step = step_tokens(lengths, settings.block_size)
     budget = ("--max-num-batched-tokens", str(step))
     # 2. The control: every load taken. Its cells calibrate the rule; its probes behind a queue measure
@@ -195,37 +198,37 @@ def run_admission(session, backend: Backend, mode: str, rounds: int) -> Admissio
     for attempt in range(1, CONTROL_ATTEMPTS + 1):
         slow = with_connector_options(backend, f"slow{attempt}" if attempt > 1 else "slow", server_args=budget,
                                       admission="always", **drive.options())
-        session.progress(f"admission: control grid on {slow.name} ({rounds} rounds, every load taken)")
-        control = run_grid(session, slow, session.endpoint(slow), lengths, fractions, rounds)
+        recorder.progress(f"admission: control grid on {slow.name} ({rounds} rounds, every load taken)")
+        control = run_grid(recorder, slow, servers.endpoint(slow), lengths, fractions, rounds)
         if (slower_hits(control) and paid_cells(control)) or attempt == CONTROL_ATTEMPTS:
             break
-        session.pool.release(slow.name)
-        fit = analyse(session.cells(slow.name), kv_bytes, {slow.name: backend.tier})[slow.name]
+        servers.release(slow.name)
+        fit = analyse(recorder.cells(slow.name), kv_bytes, {slow.name: backend.tier})[slow.name]
         # The fitted fixed cost includes the latency this drive added: the tier's own is what is left.
         drive = slow_drive(prefixes, RecomputeFit(**fit["recompute"]), fit["tier"]["fixed_s"] - drive.latency_s, kv_bytes)
-        session.progress(f"admission: the control lacked {'slower' if not slower_hits(control) else 'paying'} "
+        recorder.progress(f"admission: the control lacked {'slower' if not slower_hits(control) else 'paying'} "
                          f"cells; from its own cells, {drive.describe()}")
     # Probes behind a queue cost a long prefill each: at the longest length only, where loads are largest.
     burst_lengths = lengths[-1:]
-    overlap_probes = run_bursts(session, slow, session.endpoint(slow), burst_lengths, fractions, step, 3)
-    session.pool.release(slow.name)
-    analysis = analyse(session.cells(slow.name), kv_bytes, {slow.name: backend.tier})
-    calibration = build_calibration(analysis, settings, session.run_record().data["environment"])
+    overlap_probes = run_bursts(recorder, slow, servers.endpoint(slow), burst_lengths, fractions, step, 3)
+    servers.release(slow.name)
+    analysis = analyse(recorder.cells(slow.name), kv_bytes, {slow.name: backend.tier})
+    calibration = build_calibration(analysis, settings, recorder.environment())
     tier = calibration["tiers"][backend.name] = calibration["tiers"].pop(slow.name)
     tier["queue_overlap"] = measured_overlap(overlap_probes, tier, kv_bytes, step)
-    path = session.run_dir() / "admission-calibration.json"
+    path = recorder.run_dir() / "admission-calibration.json"
     write_calibration(path, calibration)
     # 3. The guarded server: the same drive, the rule under test.
     guarded_backend = with_connector_options(backend, "admission", server_args=budget, calibration=str(path),
                                              admission=mode, **drive.options())
-    session.progress(f"admission: guarded grid on {guarded_backend.name} (rule {mode}, {rounds} rounds)")
-    endpoint = session.endpoint(guarded_backend)
-    guarded = run_grid(session, guarded_backend, endpoint, lengths, fractions, rounds)
-    settle_undecided(session, guarded_backend, endpoint, guarded, MAX_ROUNDS)
-    bursts = run_bursts(session, guarded_backend, endpoint, burst_lengths, fractions, step, max(3, settings.rounds))
-    session.pool.release(guarded_backend.name)
+    recorder.progress(f"admission: guarded grid on {guarded_backend.name} (rule {mode}, {rounds} rounds)")
+    endpoint = servers.endpoint(guarded_backend)
+    guarded = run_grid(recorder, guarded_backend, endpoint, lengths, fractions, rounds)
+    settle_undecided(recorder, guarded_backend, endpoint, guarded, MAX_ROUNDS)
+    bursts = run_bursts(recorder, guarded_backend, endpoint, burst_lengths, fractions, step, max(3, settings.rounds))
+    servers.release(guarded_backend.name)
     run = AdmissionRun(drive, step, control, guarded, calibration, bursts, mode)
-    session.add_benchmark("admission", summary(run, break_even_lines(analysis)),
+    recorder.add_benchmark("admission", summary(run, break_even_lines(analysis)),
                           {"drive": {**drive.options(), "predicted_break_even_prefix": drive.break_even_prefix},
                            "mode": mode,
                            "calibration": calibration, "analysis": analysis,

@@ -12,11 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pytest_kvoffload.record.analysis import RecomputeFit, load_and_recompute, queue_overlap
+from pytest_kvoffload.record.analysis import queue_overlap
+
+from pytest_kvoffload.core.costs import RecomputeFit, load_and_recompute
 from pytest_kvoffload.measure.cells import State
 from pytest_kvoffload.serve.client import Endpoint, RequestResult, settled_snapshot, stream_completion
 from pytest_kvoffload.measure.runner import place_in_tier_only
 from pytest_kvoffload.core.progress import Tracker
+from pytest_kvoffload.measure.context import Recorder
 from pytest_kvoffload.measure.prompts import expected_cached, make_prompt, prefix_length
 
 
@@ -50,11 +53,11 @@ def queued_behind(endpoint: Endpoint, background: list[int], probe: list[int], l
                        {k: v for k, v in delta.extra.items() if v})
 
 
-def run_bursts(kv_session, backend, endpoint, lengths, fractions, step: int, rounds: int) -> dict:
+def run_bursts(recorder: Recorder, backend, endpoint, lengths, fractions, step: int, rounds: int) -> dict:
     """Per cell and round: the probe with its prefix only on disk, then a cold probe, each behind a fresh
     prompt two steps long. A declined load is recomputed, so the cold probe is what the static rule does
     whenever it declines."""
-    settings = kv_session.settings
+    settings = recorder.settings
     granularity = backend.granularity(settings)
     background = background_length(step, settings.max_model_len, settings.block_size)
     cells: dict = {}
@@ -62,18 +65,18 @@ def run_bursts(kv_session, backend, endpoint, lengths, fractions, step: int, rou
     measured = [(length, fraction, expected) for length in lengths for fraction in fractions
                 if (expected := expected_cached(prefix_length(length, fraction), length, settings.block_size,
                                                 granularity))]
-    tracker = Tracker(kv_session.progress, f"queue bursts on {backend.name}", rounds * len(measured),
+    tracker = Tracker(recorder.progress, f"queue bursts on {backend.name}", rounds * len(measured),
                       "cells x rounds", total_work=rounds * sum(length for length, _, _ in measured))
     for r in range(rounds):
         for length, fraction, expected in measured:
-            salt = f"{kv_session.salt}|burst|{length}|{fraction}|{r}"
+            salt = f"{recorder.salt}|burst|{length}|{fraction}|{r}"
 
             def prompt(n, f, variant, tag):
                 return make_prompt(n, f, seed=settings.random_seed, salt=f"{salt}|{tag}", variant=variant,
                                    vocab_size=settings.model.vocab_size).tokens
 
             for primed in place_in_tier_only(endpoint, backend, prompt(length, fraction, "prime", "probe")):
-                kv_session.record(burst_record(backend, length, fraction, r, "prime", primed))
+                recorder.keep(burst_record(backend, length, fraction, r, "prime", primed))
             hit = queued_behind(endpoint, prompt(background, 0.0, "", "bg-hit"),
                                 prompt(length, fraction, "measure", "probe"))
             cold = queued_behind(endpoint, prompt(background, 0.0, "", "bg-cold"),
@@ -92,7 +95,7 @@ def run_bursts(kv_session, backend, endpoint, lengths, fractions, step: int, rou
                 record = burst_record(backend, length, fraction, r, "burst", outcome.probe)
                 record.update(state=state, cached_by_source=outcome.cached_by_source,
                               connector=outcome.connector, background_ttft_s=outcome.background.client_ttft_s)
-                kv_session.record(record)
+                recorder.keep(record)
             tracker.step(f"{length} tokens, {fraction:g} cached, round {r + 1}", work=length)
     return cells
 

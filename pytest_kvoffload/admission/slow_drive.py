@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pytest_kvoffload.record.analysis import RecomputeFit, TierFit, break_even_prefix, load_and_recompute
+from pytest_kvoffload.core.costs import RecomputeFit, TierFit, break_even_prefix, load_and_recompute
 from pytest_kvoffload.measure.prompts import expected_cached, prefix_length
 
 SLOW = 2.0  # a load of the smallest prefix costs this many times its recompute

@@ -32,7 +32,7 @@ from typing import Iterable
 
 import numpy as np
 
-from pytest_kvoffload.record.analysis import RecomputeFit, load_and_recompute
+from pytest_kvoffload.core.costs import RecomputeFit, load_and_recompute
 from pytest_kvoffload.core.calibration import CalibrationError
 from pytest_kvoffload.connector.counters import Counters
 

@@ -6,6 +6,7 @@ import os
 import platform
 import shutil
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 
 
@@ -140,3 +141,12 @@ def default_disk_gb(folder) -> float:
     """A disk tier's capacity: half the free space where the run writes, 1 to 256 GB."""
     free = shutil.disk_usage(nearest_existing(folder)).free / 1e9
     return round(min(256.0, max(1.0, free / 2)), 1)
+
+
+def package_version(*names: str) -> str | None:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None

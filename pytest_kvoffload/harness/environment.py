@@ -3,19 +3,10 @@
 from __future__ import annotations
 
 import subprocess
-from importlib import metadata
 
 from pytest_kvoffload.serve import compile_cache
 from pytest_kvoffload.core import machine
-
-
-def package_version(*names: str) -> str | None:
-    for name in names:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
+from pytest_kvoffload.core.machine import package_version
 
 
 def git_commit() -> str | None:

@@ -12,8 +12,11 @@ from typing import Callable
 from urllib.parse import urlparse
 
 from pytest_kvoffload.core import machine
-from pytest_kvoffload.serve.backends import (BackendConfigError, BackendRegistry, register_ab, register_variants, split_backends,
-                       use_python)
+from pytest_kvoffload.serve.backends import BackendConfigError, BackendRegistry
+from pytest_kvoffload.harness.backend_options import use_python
+from pytest_kvoffload.harness.backend_options import register_ab
+from pytest_kvoffload.harness.backend_options import register_variants
+from pytest_kvoffload.harness.backend_options import split_backends
 from pytest_kvoffload.core.calibration import CalibrationError, check_fingerprint, machine_fingerprint, read_calibration
 from pytest_kvoffload.connector.config import ADMISSION_MODES, ConnectorConfig, ConnectorConfigError
 from pytest_kvoffload.connector.config import OPTIONS as CONNECTOR_OPTIONS

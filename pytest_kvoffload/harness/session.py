@@ -14,6 +14,7 @@ from pytest_kvoffload.core import machine
 from pytest_kvoffload.serve import page_cache
 from pytest_kvoffload.serve.backends import Backend, BackendRegistry, LaunchContext, interpreter_versions, server_command
 from pytest_kvoffload.serve.client import Endpoint
+from pytest_kvoffload.measure.context import Recorder, Servers
 from pytest_kvoffload.harness.distributed import merge_runs, worker_records
 from pytest_kvoffload.serve.metrics import histograms, merge_histograms
 from pytest_kvoffload.core.progress import Say, print_line
@@ -70,6 +71,12 @@ class KVSession:
         self.server_plan = None
         # Per backend with a disk tier: its folders and I/O mode (page_cache.py), found at its start.
         self.tier_io: dict[str, tuple[list[Path], str]] = {}
+        # What measuring code gets instead of the session (measure/context.py).
+        self.recorder = Recorder(settings, self.salt, keep=self.record, progress=progress,
+                                 before_tier_read=self.prepare_tier_read, lengths=lambda: self.lengths,
+                                 cells=self.cells, environment=lambda: self.run_record().environment,
+                                 run_dir=self.run_dir, add_benchmark=self.add_benchmark)
+        self.servers = Servers(endpoint=self.endpoint, release=self.pool.release)
 
     def add_phase(self, name: str, seconds: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + seconds
@@ -177,7 +184,7 @@ class KVSession:
                                 f"{self.salt}|{name}|start{len(self.start_seconds)}", s.model.vocab_size)
         self.speeds[name] = speed
         record = self.run_record()
-        record.set_backend(name, record.data["backends"][name]["status"], prefill=speed.to_dict())
+        record.set_backend(name, record.backend(name)["status"], prefill=speed.to_dict())
         self.progress(f"{name}: warmed up; {speed.describe()} ({s.dtype})")
         if self._lengths is None:
             self._lengths = s.lengths if s.lengths_given else lengths_within(s.lengths, speed, s.max_prefill_s)
@@ -202,21 +209,20 @@ class KVSession:
             found = histograms(server.metrics_text())
         except (OSError, ValueError, requests.RequestException):
             return  # a server that cannot answer any more has nothing to add
-        if found and self._writer is not None and name in self._writer.data["backends"]:
-            entry = self._writer.data["backends"][name]
-            entry["histograms"] = merge_histograms(entry.get("histograms") or {}, found)
-            self._writer.flush()
-
-    def hook_measurement(self, record: dict) -> None:
-        if self.hook is not None:
-            self.hook.pytest_kvoffload_measurement(record=record)
+        if found and self._writer is not None and self._writer.backend(name):
+            entry = self._writer.backend(name)
+            self._writer.set_backend(name, entry["status"], entry.get("reason", ""),
+                                     histograms=merge_histograms(entry.get("histograms") or {}, found))
 
     def record(self, measurement: dict) -> None:
+        """One measurement: told to the pytest_kvoffload_measurement hook, then kept in the run record."""
+        if self.hook is not None:
+            self.hook.pytest_kvoffload_measurement(record=measurement)
         self.run_record().add_measurement(measurement)
 
     def measurements(self, backend: str | None = None, purpose: str | None = "measure") -> list[dict]:
         """The run's measurement records so far, of one backend and purpose (None: any)."""
-        return [m for m in self.run_record().data["measurements"]
+        return [m for m in self.run_record().measurements
                 if (backend is None or m["backend"] == backend) and (purpose is None or m.get("purpose") == purpose)]
 
     def cells(self, backend: str | None = None, purpose: str = "measure") -> list[dict]:
@@ -225,9 +231,11 @@ class KVSession:
 
     def add_benchmark(self, name: str, text: str, data: dict) -> None:
         """A benchmark's figures: printed in the terminal summary and kept in run.json."""
-        benchmarks = self.run_record().data.setdefault("benchmarks", {})
-        benchmarks[name] = {"text": text, **data}
-        self.run_record().flush()
+        self.run_record().set_benchmark(name, {"text": text, **data})
+
+    def benchmark(self, name: str) -> dict:
+        """What a benchmark kept so far ({} before its first figures): a suite adds to it backend by backend."""
+        return self.run_record().benchmark(name)
 
     def finish(self, interrupted: bool) -> None:
         """Stop the servers, complete the run's record (results.py), then write the files drawn from it
@@ -250,14 +258,11 @@ class KVSession:
             runs = worker_records(self.settings.results_dir / self.run_id)
             if not runs:
                 return None
-            self.run_record().data = merge_runs(runs, self.run_record().data)
+            self.run_record().replace(merge_runs(runs, self.run_record().data))
             if any(run.get("status") != "complete" for run in runs):
                 interrupted = True
         if self._writer is None:
             return None
-        for entry in self._writer.data["backends"].values():
-            if entry.get("status") == "running":
-                entry["status"] = "measured"
-        cells, analysis = compute_results(self._writer.data["measurements"], self.registry, self.settings)
+        cells, analysis = compute_results(self._writer.measurements, self.registry.tiers(), self.settings)
         self._writer.finish("partial" if interrupted else "complete", cells, analysis)
         return self._writer.data

@@ -23,16 +23,11 @@ from pytest_kvoffload.measure.cells import Cell, State
 from pytest_kvoffload.measure.runner import CellRunner
 from pytest_kvoffload.measure.paired import FLOOR, interval
 from pytest_kvoffload.core.progress import Tracker
+from pytest_kvoffload.measure.context import Recorder, Servers
 from pytest_kvoffload.serve.server import IDLE_S
 
 # Fewer rounds than this cannot give a two-sided 95% interval (paired.interval).
 MIN_ROUNDS = 7
-SELF_SUFFIX = "~b"
-
-
-def twin_name(name: str) -> str:
-    """B's name when a backend is compared with itself: its own server and store, the same configuration."""
-    return f"{name}{SELF_SUFFIX}"
 
 
 @dataclass
@@ -67,17 +62,17 @@ class CellComparison:
                 "interval": [low, high], "verdict": self.verdict(), "failures": self.failures}
 
 
-def compare_cell(session, a, b, cell: Cell, rounds: int) -> CellComparison:
+def compare_cell(recorder: Recorder, servers: Servers, a, b, cell: Cell, rounds: int) -> CellComparison:
     """`rounds` rounds of one cell on both servers, interleaved, fresh prompts each round."""
     comparison = CellComparison(cell)
-    endpoints = {a.name: session.endpoint(a), b.name: session.endpoint(b)}
-    tracker = Tracker(session.progress, f"A/B {cell.id}", rounds, "rounds")
+    endpoints = {a.name: servers.endpoint(a), b.name: servers.endpoint(b)}
+    tracker = Tracker(recorder.progress, f"A/B {cell.id}", rounds, "rounds")
     for r in range(rounds):
         order = (a, b) if r % 2 == 0 else (b, a)
         measured = {}
         for backend in order:
             time.sleep(IDLE_S)
-            outcome = CellRunner(session, backend, endpoints[backend.name], cell, first_round=r, purpose="ab",
+            outcome = CellRunner(recorder, backend, endpoints[backend.name], cell, first_round=r, purpose="ab",
                                  check_output=r == 0).run(1)
             comparison.failures += [f"{backend.name} {f}" for f in outcome.failures]
             measured[backend.name] = outcome.ttfts[-1]

@@ -9,7 +9,7 @@ from pytest_kvoffload.measure.cells import Cell, Expectation, State, expectation
 from pytest_kvoffload.serve.client import Endpoint, RequestResult, attach_sources, measure, stream_completion
 from pytest_kvoffload.serve.metrics import Snapshot
 from pytest_kvoffload.measure.prompts import Prompt, make_prompt
-from pytest_kvoffload.harness.session import KVSession
+from pytest_kvoffload.measure.context import Recorder
 
 
 # Greedy tokens compared with a recompute in one round of every hit cell: wrong KV changes them (on a model
@@ -74,9 +74,9 @@ class CellRunner:
     """Runs the rounds of one cell; `setup`, `target` and `teardown` are shaped for benchmark.pedantic, so
     pytest-benchmark times only `target` (one streamed request; with max_tokens=1 its time is TTFT)."""
 
-    def __init__(self, session: KVSession, backend: Backend, endpoint: Endpoint, cell: Cell,
+    def __init__(self, recorder: Recorder, backend: Backend, endpoint: Endpoint, cell: Cell,
                  first_round: int = 0, purpose: str = "measure", check_output: bool = True) -> None:
-        self.session = session
+        self.recorder = recorder
         self.backend = backend
         self.endpoint = endpoint
         self.cell = cell
@@ -92,11 +92,11 @@ class CellRunner:
         self._prompt: Prompt | None = None
         self._before: Snapshot | None = None
         self._pending: RequestResult | None = None
-        # A buffered disk tier's page-cache state before this round's hit (session.prepare_tier_read).
+        # A buffered disk tier's page-cache state before this round's hit (Recorder.before_tier_read).
         self._tier_read: dict | None = None
 
     def prompt(self, variant: str) -> Prompt:
-        s = self.session
+        s = self.recorder
         fraction = self.cell.fraction if self.cell.state is not State.COLD else 0.0
         # The purpose is part of the key: a suite's probes must never warm the cells measured after them.
         salt = f"{s.salt}|{self.backend.name}|{self.purpose}|{self.cell.state.value}|round{self._round}"
@@ -112,7 +112,7 @@ class CellRunner:
                 for result in place_in_tier_only(self.endpoint, self.backend, primer.tokens):
                     self._record(result, purpose="prime")
                 # A buffered disk tier could serve this hit from the page cache: not a disk read.
-                self._tier_read = self.session.prepare_tier_read(self.backend.name)
+                self._tier_read = self.recorder.before_tier_read(self.backend.name)
             else:
                 self._record(measure(self.endpoint, primer.tokens), purpose="prime")
         self._before = self.endpoint.metrics()
@@ -128,7 +128,7 @@ class CellRunner:
 
     def _check_output(self, result: RequestResult) -> str | None:
         """The same prompt recomputed under a fresh cache_salt (no cache may answer it) must give the same tokens."""
-        salt = f"{self.session.salt}|recompute|{self.backend.name}|{self.cell.id}|{self._round}"
+        salt = f"{self.recorder.salt}|recompute|{self.backend.name}|{self.cell.id}|{self._round}"
         reference = recompute(self.endpoint, self._prompt.tokens, salt)
         return first_difference(result.output_token_ids, reference.output_token_ids, reference.top_logprobs)
 
@@ -141,7 +141,7 @@ class CellRunner:
             return
         result, self._pending = self._pending, None
         attach_sources(self.endpoint, self._before, result)
-        settings = self.session.settings
+        settings = self.recorder.settings
         expect = expectation(self.cell, len(self._prompt.prefix), settings.block_size, self.backend.tier,
                              self.backend.granularity(settings), self.backend.last_block_source)
         if result.connector.get("kvoffload:loads_declined_total"):
@@ -186,8 +186,7 @@ class CellRunner:
             record["problem"] = problem
         if output:
             record.update(output)
-        self.session.hook_measurement(record)
-        self.session.record(record)
+        self.recorder.keep(record)
 
     def run(self, rounds: int, benchmark=None) -> CellOutcome:
         if benchmark is not None and getattr(benchmark, "enabled", False):

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from pytest_kvoffload.record.analysis import RecomputeFit
+from pytest_kvoffload.core.costs import RecomputeFit
 from pytest_kvoffload.serve.client import Endpoint, measure
 from pytest_kvoffload.planner.simulate import Profile, Served, Tier, simulate
 from pytest_kvoffload.core.progress import Tracker

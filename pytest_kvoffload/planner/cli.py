@@ -9,10 +9,10 @@ from pathlib import Path
 
 from pytest_kvoffload.core.calibration import CalibrationError, read_calibration
 from pytest_kvoffload.core.models import ModelError, load_model
-from pytest_kvoffload.planner.simulate import (PlanError, Profile, calibration_profile, first_order_profile, parse_engine, parse_tier,
-                   reuse_share, simulate, slice_by_tree, summarize)
+from pytest_kvoffload.planner.simulate import PlanError, Profile, calibration_profile, first_order_profile, parse_engine, parse_tier, simulate, summarize
+from pytest_kvoffload.traces.prefix_trees import reuse_share, slice_by_tree
 from pytest_kvoffload.planner.report import (break_even_table, config_table, curve_rows, curve_table, write_curve_png)
-from pytest_kvoffload.record.run_record import atomic_write_json
+from pytest_kvoffload.core.files import atomic_write_json
 from pytest_kvoffload.traces.read import FORMATS, Scaling, TraceError, read_trace, select
 
 H100_PEAK_TFLOPS = 989.0

@@ -10,47 +10,13 @@ A hit of p tokens pays when t_fixed + p B / bw < t(p); the break-even prefix p* 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 
+from pytest_kvoffload.core.costs import (INTERVAL_SE, RecomputeFit, TierFit, admission_margin, break_even_bandwidth,
+                                         break_even_prefix, frontier)
 from pytest_kvoffload.measure.cells import State
-
-
-@dataclass(frozen=True)
-class RecomputeFit:
-    a: float
-    b: float
-    c: float
-
-    def __call__(self, n: float) -> float:
-        return self.a + self.b * n + self.c * n * n
-
-
-# Half-widths of the fits' intervals, in standard errors: about 95% (the noise of a line through a
-# handful of cells' medians, each measured in a few rounds; a normal approximation, stated as such).
-INTERVAL_SE = 2.0
-
-
-@dataclass(frozen=True)
-class TierFit:
-    bandwidth_bps: float  # effective bytes per second of the tier (inf when loads cost nothing measurable)
-    fixed_s: float
-    points: int
-    # The fit's ~95% interval (INTERVAL_SE standard errors): the bandwidth's is (low, high), high inf when
-    # the slope's interval reaches 0: the loads were too small for this noise to tell their transfer time.
-    bandwidth_low_bps: float = 0.0
-    bandwidth_high_bps: float = math.inf
-    fixed_low_s: float = -math.inf
-    fixed_high_s: float = math.inf
-
-    @property
-    def resolved(self) -> bool:
-        """Whether the transfer time was told apart from the noise (the bandwidth has an upper bound)."""
-        return math.isfinite(self.bandwidth_high_bps) and math.isfinite(self.bandwidth_bps)
-
-    def load_seconds(self, tokens: float, kv_bytes_per_token: int) -> float:
-        return self.fixed_s + tokens * kv_bytes_per_token / self.bandwidth_bps
 
 
 def fit_recompute(lengths: list[float], seconds: list[float]) -> RecomputeFit:
@@ -118,59 +84,6 @@ def fit_tier(points: list[tuple[int, int, float]], recompute: RecomputeFit, kv_b
         return TierFit(math.inf, float(y.mean()), len(usable), bandwidth_low_bps=1.0 / (INTERVAL_SE * se_slope)
                        if se_slope > 0 else 0.0)
     return tier_fit_with_interval(slope, fixed, se_slope, se_fixed, len(usable))
-
-
-def load_and_recompute(tokens: float, local: float, recompute: RecomputeFit, fixed_s: float,
-                       seconds_per_token: float) -> tuple[float, float]:
-    """What loading `tokens` (on top of `local` tokens already in the engine) adds to a request, and what
-    recomputing them costs instead; the one definition of "a load pays" (load < recompute) that the
-    break-even prefix and the connector's admission rule share.
-
-    Both fits measure TTFT, so the tier's fixed cost includes the base cost every request pays
-    (recompute.a, the cold curve's intercept): only what lies above that base is the load's.
-    """
-    load = fixed_s - recompute.a + tokens * seconds_per_token
-    return load, recompute(local + tokens) - recompute(local)
-
-
-def break_even_bandwidth(n: int, recompute: RecomputeFit, fixed_s: float, kv_bytes_per_token: int) -> float:
-    """Bytes/s at which loading n cached tokens ties recomputing them (inf: a hit never pays)."""
-    budget = recompute(n) - fixed_s
-    return n * kv_bytes_per_token / budget if budget > 0 else math.inf
-
-
-def admission_margin(noise: float) -> float:
-    """The share by which the connector's rule wants a load predicted to beat recompute before it takes it:
-    twice the cells' median relative spread, 2% to 50% (a smaller predicted gain is within the noise)."""
-    return round(min(0.5, max(0.02, 2 * noise)), 4)
-
-
-def break_even_prefix(tier: TierFit, recompute: RecomputeFit, kv_bytes_per_token: int, margin: float = 0.0) -> float:
-    """The prefix length from which every longer hit beats recomputing it (inf: no such length); with a
-    `margin`, beats (1 - margin) of it: the prefix from which the connector's rule admits a load.
-
-    h(p) = (1 - m) (t(p) - a) - (load(p) - ...) = (a - fixed) + ((1 - m) b - s) p + (1 - m) c p^2, s the
-    transfer seconds per token: a hit is taken where h > 0 (load_and_recompute at local 0). With c > 0 that
-    is outside the roots, so the answer is the larger root (1 when h has none); a hit may also pay below the
-    smaller root, on fixed costs alone, but not from there on.
-    """
-    s = 0.0 if math.isinf(tier.bandwidth_bps) else kv_bytes_per_token / tier.bandwidth_bps
-    # h(p) = (1 - m) recompute - load of load_and_recompute(p, 0, ...), expanded:
-    keep = 1.0 - margin
-    a, b, c = recompute.a - tier.fixed_s, keep * recompute.b - s, keep * recompute.c
-    if c > 0:
-        disc = b * b - 4 * a * c
-        if disc < 0:
-            return 1.0
-        return max(1.0, (-b + math.sqrt(disc)) / (2 * c))
-    if b > 0:
-        return max(1.0, -a / b) if a < 0 else 1.0
-    return math.inf
-
-
-def frontier(lengths: list[int], p_star: float) -> dict[int, float | None]:
-    """Smallest cached fraction that pays at each length (None: not even a full hit pays)."""
-    return {n: (p_star / n if p_star < n else None) for n in lengths}
 
 
 def fit_tier_paired(pairs: list[tuple[int, float]], base_s: float, kv_bytes_per_token: int,

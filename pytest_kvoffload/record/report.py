@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
 from tabulate import tabulate
 
 from pytest_kvoffload.measure.cells import State
-from pytest_kvoffload.serve.metrics import quantile
+from pytest_kvoffload.record.stats import quantile
 from pytest_kvoffload.record.stats import excluded
 
 
@@ -189,7 +190,7 @@ def client_server_lines(cells: list[dict]) -> list[str]:
 
 def tier_io_lines(backends: dict, measurements: list[dict]) -> list[str]:
     """Per disk backend: whether its tier reads with O_DIRECT, and for a buffered one what the page cache
-    held when its tier-only rounds began (session.prepare_tier_read)."""
+    held when its tier-only rounds began (Recorder.before_tier_read, from the session)."""
     lines = []
     for name, entry in backends.items():
         io = entry.get("tier_io")

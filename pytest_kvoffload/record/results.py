@@ -4,7 +4,6 @@ and, beside each measured tier, the first-order figures at the prefill speed thi
 from __future__ import annotations
 
 from pytest_kvoffload.record.analysis import analyse
-from pytest_kvoffload.serve.backends import BackendRegistry
 from pytest_kvoffload.measure.cells import State
 from pytest_kvoffload.core.first_order import first_order_at_measured_speed
 from pytest_kvoffload.core.models import DTYPE_BYTES
@@ -12,10 +11,9 @@ from pytest_kvoffload.core.settings import Settings
 from pytest_kvoffload.record.stats import cell_table
 
 
-def compute_results(measurements: list[dict], registry: BackendRegistry, settings: Settings) -> tuple[list[dict], dict]:
-    """(cells, analysis) of a run's measurement records."""
+def compute_results(measurements: list[dict], tiers: dict[str, str], settings: Settings) -> tuple[list[dict], dict]:
+    """(cells, analysis) of a run's measurement records; `tiers`: each backend with a tier, its tier's name."""
     cells = cell_table(measurements)
-    tiers = {name: registry.get(name).tier for name in registry.names() if registry.get(name).tier}
     analysis = analyse(cells, settings.kv_bytes_per_token, tiers)
     for backend, entry in analysis.items():
         cold = {c["length"]: c["ttft"]["p50"] for c in cells

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
+
+from pytest_kvoffload.core.files import atomic_write_json
 
 SCHEMA = "pytest-kvoffload/run"
 # 2: analysis.<backend>.tier.first_order (was .seed in 1, which read_run still reads).
@@ -23,20 +23,42 @@ class RecordError(ValueError):
     pass
 
 
-def atomic_write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=1, default=str)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+class Measurement(TypedDict, total=False):
+    """One request's record: its cell, round and purpose ("measure" rounds make the run's cells; "prime",
+    "ab", "drive-probe", "burst" are kept beside them), the request's own figures (serve/client.py's
+    RequestResult: TTFTs, cached tokens by source, connector counters), and its checks."""
+    backend: str
+    length: int
+    fraction: float
+    state: str
+    round: int
+    purpose: str
+    client_ttft_s: float
+    server_ttft_s: float | None
+    cached_by_source: dict[str, float]
+    connector: dict[str, float]
+    expected_source: str | None
+    expected_cached: int
+    verified: bool
+    problem: str | None
+    output_checked: bool
+    output_matches: bool
+    output_difference: str
+    tier_page_cache: dict
+
+
+class BackendEntry(TypedDict, total=False):
+    """A backend's state in the run (selected, running, measured, skipped, failed, external) and what its
+    server was: command line, log, prefill speed, tier I/O mode, load and save histograms."""
+    status: str
+    reason: str
+    description: str
+    argv: list[str]
+    log: str
+    user_facing: bool
+    prefill: dict
+    tier_io: dict
+    histograms: dict
 
 
 class RunWriter:
@@ -72,7 +94,35 @@ class RunWriter:
         self.data[key] = value
         self.flush()
 
+    @property
+    def environment(self) -> dict:
+        return self.data["environment"]
+
+    @property
+    def measurements(self) -> list[Measurement]:
+        return self.data["measurements"]
+
+    def backend(self, name: str) -> BackendEntry:
+        """A backend's entry ({} when the run has none for it)."""
+        return self.data["backends"].get(name, {})
+
+    def benchmark(self, name: str) -> dict:
+        return dict(self.data.get("benchmarks", {}).get(name, {}))
+
+    def set_benchmark(self, name: str, entry: dict) -> None:
+        self.data.setdefault("benchmarks", {})[name] = entry
+        self.flush()
+
+    def replace(self, data: dict) -> None:
+        """The whole record at once (the controller's merge of its workers' records)."""
+        self.data = data
+        self.flush()
+
     def finish(self, status: str, cells: list[dict], analysis: dict | None = None) -> None:
+        """The run's status, cells and analysis; a backend still running when the run ends was measured."""
+        for entry in self.data["backends"].values():
+            if entry.get("status") == "running":
+                entry["status"] = "measured"
         self.data["cells"] = cells
         if analysis is not None:
             self.data["analysis"] = analysis

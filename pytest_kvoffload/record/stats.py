@@ -59,3 +59,22 @@ def cell_table(measurements: list[dict]) -> list[dict]:
         row["output_matches"] = all(m.get("output_matches") for m in checked) if checked else None
         rows.append(row)
     return rows
+
+
+def quantile(histogram: dict, q: float) -> float | None:
+    """Prometheus's histogram_quantile: linear within the bucket holding the q-th observation; the
+    largest finite bound when it falls in +Inf. None for an empty histogram."""
+    total = histogram["count"]
+    if not total:
+        return None
+    rank = q * total
+    lower, below = 0.0, 0.0
+    finite = [b for b, _ in histogram["buckets"] if b != float("inf")]
+    for bound, cumulative in histogram["buckets"]:
+        if cumulative >= rank:
+            if bound == float("inf"):
+                return finite[-1] if finite else None
+            inside = cumulative - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, cumulative
+    return finite[-1] if finite else None

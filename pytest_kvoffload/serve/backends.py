@@ -114,6 +114,10 @@ class BackendRegistry:
     def __contains__(self, name: str) -> bool:
         return name in self._backends
 
+    def tiers(self) -> dict[str, str]:
+        """Each registered backend with a tier, and its tier's name (what the record layer fits)."""
+        return {name: b.tier for name, b in self._backends.items() if b.tier}
+
 
 def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[list[str], dict[str, str]]:
     """The full vLLM command line and environment for one backend's server."""
@@ -396,98 +400,6 @@ def default_registry() -> BackendRegistry:
     return registry
 
 
-def split_backends(value: str) -> list[str]:
-    """A --kv-backend list split on the commas outside brackets: `a,b[x=1,y=2]` is two backends."""
-    names, depth, current = [], 0, ""
-    for char in value:
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            names.append(current.strip())
-            current = ""
-        else:
-            current += char
-    names.append(current.strip())
-    return [n for n in names if n]
-
-
-
-def parse_variant(text: str, registry: BackendRegistry) -> Backend:
-    """NAME[KEY=VALUE,...]: a registered backend with connector options, under that name. VALUE is read as
-    JSON where it parses (numbers, true/false), else as a string. Raises BackendConfigError, one line."""
-    usage = f"--kv-backend {text!r}: expected NAME[KEY=VALUE,...], e.g. kvoffload-disk[io_threads=4]"
-    base, bracket, rest = text.partition("[")
-    if not bracket or not rest.endswith("]") or not rest[:-1].strip():
-        raise BackendConfigError(usage)
-    if base not in registry:
-        raise BackendConfigError(f"--kv-backend {text!r}: unknown backend {base!r}; valid: {', '.join(registry.names())}")
-    backend = registry.get(base)
-    options = {}
-    for pair in rest[:-1].split(","):
-        key, equals, value = (part.strip() for part in pair.partition("="))
-        if not equals or not key or not value:
-            raise BackendConfigError(usage)
-        if key not in backend.option_keys:
-            valid = ", ".join(sorted(backend.option_keys)) or "none (it has no connector)"
-            raise BackendConfigError(f"--kv-backend {text!r}: {base} has no option {key!r}; valid: {valid}")
-        try:
-            options[key] = json.loads(value)
-        except ValueError:
-            options[key] = value
-    if base == "kvoffload-disk":
-        from pytest_kvoffload.connector.config import ConnectorConfig, ConnectorConfigError
-        try:
-            ConnectorConfig.from_extra({**options, "store_dir": "/variant-check"}, 16)
-        except ConnectorConfigError as exc:
-            raise BackendConfigError(f"--kv-backend {text!r}: {exc}") from None
-    variant = with_connector_options(backend, text[len(base) + 1:-1], user_facing=True, **options)
-    if "chunk_tokens" in options:
-        # The cells' expectations follow the variant's own storage unit.
-        variant = dataclasses.replace(variant, tier_granularity=lambda settings: int(options["chunk_tokens"]))
-    return variant
-
-
-def register_variants(registry: BackendRegistry, names: list[str]) -> None:
-    """Register every NAME[KEY=VALUE,...] of a --kv-backend list that is not registered yet."""
-    for name in names:
-        if "[" in name and name not in registry:
-            registry.register(parse_variant(name, registry))
-
-
-def register_ab(registry: BackendRegistry, value: str) -> tuple[str, str]:
-    """--kv-ab A,B: the pair's names, variants registered; B compared with itself gets a twin of its own."""
-    from pytest_kvoffload.measure.ab import twin_name
-
-    names = split_backends(value)
-    if len(names) != 2:
-        raise BackendConfigError(f"--kv-ab {value!r}: expected two backends A,B, e.g. "
-                                 "kvoffload-disk,kvoffload-disk[read_gbps=0.05]")
-    register_variants(registry, names)
-    for name in names:
-        if name not in registry:
-            raise BackendConfigError(f"--kv-ab {value!r}: unknown backend {name!r}; valid: {', '.join(registry.names())}")
-    a, b = names
-    if a == b:
-        b = twin_name(a)
-        if b not in registry:
-            registry.register(dataclasses.replace(registry.get(a), name=b, user_facing=False))
-    return a, b
-
-
-def use_python(registry: BackendRegistry, specs: list[str]) -> None:
-    """--kv-backend-python NAME=PATH: run NAME's server with that interpreter (another vLLM or LMCache)."""
-    for spec in specs:
-        name, equals, path = spec.partition("=")
-        if not equals or not name or not path:
-            raise BackendConfigError(f"--kv-backend-python {spec!r}: expected NAME=/path/to/venv/bin/python")
-        if name not in registry:
-            raise BackendConfigError(f"--kv-backend-python {spec!r}: unknown backend {name!r}; valid: "
-                                     f"{', '.join(registry.names())}")
-        interpreter = Path(path).expanduser()
-        if not interpreter.is_file() or not os.access(interpreter, os.X_OK):
-            raise BackendConfigError(f"--kv-backend-python {spec!r}: {interpreter} is not an executable file")
-        registry.register(dataclasses.replace(registry.get(name), python=str(interpreter)), replace=True)
-
-
 def interpreter_versions(python: str) -> dict:
     """vLLM's, LMCache's and torch's versions as installed for `python`, read without importing them."""
     import subprocess
@@ -527,3 +439,12 @@ def with_connector_options(backend: Backend, suffix: str, server_args: tuple[str
         return dataclasses.replace(spec, args=args)
 
     return dataclasses.replace(backend, name=f"{backend.name}[{suffix}]", configure=configure, user_facing=user_facing)
+
+
+# B's suffix when --kv-ab compares a backend with itself (measure/ab.py).
+SELF_SUFFIX = "~b"
+
+
+def twin_name(name: str) -> str:
+    """B's name when a backend is compared with itself: its own server and store, the same configuration."""
+    return f"{name}{SELF_SUFFIX}"

@@ -123,22 +123,3 @@ def merge_histograms(a: dict[str, dict], b: dict[str, dict]) -> dict[str, dict]:
         merged[name] = {"buckets": [[bound, counts[bound]] for bound in sorted(counts)],
                         "count": merged[name]["count"] + h["count"], "sum": merged[name]["sum"] + h["sum"]}
     return merged
-
-
-def quantile(histogram: dict, q: float) -> float | None:
-    """Prometheus's histogram_quantile: linear within the bucket holding the q-th observation; the
-    largest finite bound when it falls in +Inf. None for an empty histogram."""
-    total = histogram["count"]
-    if not total:
-        return None
-    rank = q * total
-    lower, below = 0.0, 0.0
-    finite = [b for b, _ in histogram["buckets"] if b != float("inf")]
-    for bound, cumulative in histogram["buckets"]:
-        if cumulative >= rank:
-            if bound == float("inf"):
-                return finite[-1] if finite else None
-            inside = cumulative - below
-            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
-        lower, below = bound, cumulative
-    return finite[-1] if finite else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_kvoffload.planner.simulate import block_keys, leading, reuse_share, slice_by_tree
+from pytest_kvoffload.traces.prefix_trees import block_keys, leading, reuse_share, slice_by_tree
 from pytest_kvoffload.traces.replay import ReplayItem
 from pytest_kvoffload.traces.read import Scaling, Trace, TraceRequest, build_prompt, select
 
