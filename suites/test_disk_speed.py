@@ -31,7 +31,7 @@ import time
 import pytest
 from tabulate import tabulate
 
-from pytest_kvoffload.serve.backends import kvoffload_store_dir
+from pytest_kvoffload.serve.builtin_backends import kvoffload_store_dir
 from pytest_kvoffload.serve.client import measure
 from pytest_kvoffload.connector.io_threads import MIN_SLICE_US
 from pytest_kvoffload.connector.store import HEADER_SIZE

@@ -3,7 +3,8 @@
 import pytest
 
 from pytest_kvoffload.measure import ab
-from pytest_kvoffload.serve.backends import BackendConfigError, default_registry, twin_name
+from pytest_kvoffload.serve.backends import BackendConfigError, twin_name
+from pytest_kvoffload.serve.builtin_backends import default_registry
 from pytest_kvoffload.harness.backend_options import register_ab
 from pytest_kvoffload.measure.cells import Cell, State
 

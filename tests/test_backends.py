@@ -3,7 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload.serve.backends import Backend, LaunchContext, default_registry, server_command, with_connector_options
+from pytest_kvoffload.serve.backends import Backend, LaunchContext, server_command, with_connector_options
+
+from pytest_kvoffload.serve.builtin_backends import default_registry
 from pytest_kvoffload.core.models import load_model
 from pytest_kvoffload.core.settings import Settings
 
@@ -253,7 +255,7 @@ def test_every_backend_command_parses_with_the_installed_vllm(vllm_parser, tmp_p
 
 
 def test_a_native_tier_hit_counts_only_if_vllm_copied_its_bytes():
-    from pytest_kvoffload.serve.backends import native_load_proof
+    from pytest_kvoffload.serve.builtin_backends import native_load_proof
     registry = default_registry()
     assert registry.get("native-cpu").load_proof is native_load_proof
     assert registry.get("native-disk").load_proof is native_load_proof

@@ -202,8 +202,7 @@ def test_a_calibration_from_another_machine_is_refused_naming_the_field(tmp_path
 
 
 def test_a_foreign_calibration_stops_the_run_before_any_server_and_can_be_accepted(tmp_path):
-    from pytest_kvoffload.serve.backends import default_registry
-
+    from pytest_kvoffload.serve.builtin_backends import default_registry
     settings_now = build_settings(OptionValues.from_mapping({"kv_results_dir": str(tmp_path)}), default_registry())
     cal = build_calibration({"kvoffload-disk": {"recompute": TIER["recompute"], "tier": {**TIER, "points": 4}}},
                             settings_now, {"device": machine.device_kind()})

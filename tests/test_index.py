@@ -277,8 +277,7 @@ def test_worker_reports_writes_deletes_on_order_and_clears_after_pending_writes(
 
 
 def test_busy_time_counts_overlapping_intervals_once_in_any_order():
-    from pytest_kvoffload.connector.worker import BusyTime
-
+    from pytest_kvoffload.connector.buffers import BusyTime
     busy = BusyTime()
     assert busy.add(0.0, 2.0) == 2.0
     assert busy.add(1.0, 3.0) == 1.0   # the next step's saves began while these still wrote

@@ -1,8 +1,8 @@
 import pytest
 
-from pytest_kvoffload.harness.options import (OptionError, check_fits_model, parse_backends, parse_fractions, parse_lengths,
-                                       parse_disk_opts, parse_model, parse_positive_int, parse_server_args, parse_server_url)
+from pytest_kvoffload.harness.options import OptionError
 
+from pytest_kvoffload.harness.option_parsing import check_fits_model, parse_backends, parse_fractions, parse_lengths, parse_disk_opts, parse_model, parse_positive_int, parse_server_args, parse_server_url
 KNOWN = ["gpu-only", "native-cpu", "lmcache-disk", "kvoffload-disk"]
 
 
@@ -99,7 +99,7 @@ def test_disk_options_are_typed_and_checked():
 
 # ---- every declared option and every connector key has a bad value that ends in one line naming it ----
 
-from pytest_kvoffload.serve.backends import default_registry  # noqa: E402
+from pytest_kvoffload.serve.builtin_backends import default_registry  # noqa: E402
 from pytest_kvoffload.connector.config import OPTIONS as CONNECTOR_OPTIONS  # noqa: E402
 from pytest_kvoffload.harness.options import OPTIONS, OptionValues, read_options  # noqa: E402
 
@@ -234,8 +234,7 @@ def test_mapping_with_an_unknown_option_name_is_refused():
 def test_auto_weights_on_a_gpu_are_random_below_the_stated_size(monkeypatch):
     import pytest_kvoffload.serve.weights as weights
     from pytest_kvoffload.core.models import load_model
-    from pytest_kvoffload.harness.options import AUTO_RANDOM_MAX_PARAMS_GPU, output_checks, parse_weights
-
+    from pytest_kvoffload.harness.option_parsing import AUTO_RANDOM_MAX_PARAMS_GPU, output_checks, parse_weights
     made = []
     monkeypatch.setattr(weights, "with_random_weights", lambda model, on_gpu=False: made.append((model.name, on_gpu))
                         or model)

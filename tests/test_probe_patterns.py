@@ -9,12 +9,14 @@ import pytest
 
 def test_writes_are_referred_to_the_drive_figure_for_what_they_did():
     from pytest_kvoffload.drive.probe import ProbeResult, write_reference
+    from pytest_kvoffload.drive.rate import Rate
 
-    probe = ProbeResult("x", 1 << 20, 1 << 28, True, write_gbps=1.0, read_gbps=1.0, overwrite_gbps=4.0)
+    probe = ProbeResult("x", 1 << 20, 1 << 28, True, write=Rate(1.0, 1.0, 1.0), read=Rate(1.0, 1.0, 1.0),
+                        overwrite=Rate(4.0, 4.0, 4.0))
     assert write_reference(probe, 0.0) == 1.0 and write_reference(probe, 1.0) == 4.0
     # Half the bytes at each speed: the time adds (0.5 / 1 + 0.5 / 4), not the speeds.
     assert write_reference(probe, 0.5) == pytest.approx(1.6)
-    unmeasured = ProbeResult("x", 1 << 20, 1 << 28, True, write_gbps=1.0, read_gbps=1.0)
+    unmeasured = ProbeResult("x", 1 << 20, 1 << 28, True, write=Rate(1.0, 1.0, 1.0), read=Rate(1.0, 1.0, 1.0))
     assert write_reference(unmeasured, 1.0) == 1.0
 
 

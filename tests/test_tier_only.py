@@ -1,7 +1,7 @@
 """The recipe that leaves a prefix in a backend's tier and nowhere above it, step by step (no server)."""
 
 from pytest_kvoffload.measure import runner as measure_module
-from pytest_kvoffload.serve.backends import default_registry
+from pytest_kvoffload.serve.builtin_backends import default_registry
 from pytest_kvoffload.measure.runner import place_in_tier_only
 
 

@@ -10,8 +10,7 @@ from test_index import finish, worker  # the worker over a small CPU cache, and 
 
 from pytest_kvoffload.connector import worker as worker_module
 from pytest_kvoffload.connector.metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
-from pytest_kvoffload.connector.worker import GatheredBuffers
-
+from pytest_kvoffload.connector.buffers import GatheredBuffers
 BLOCKS = 12
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+
+from pytest_kvoffload.drive.rate import Rate, Rates
 
 
 class FioError(RuntimeError):
@@ -17,15 +18,10 @@ class FioError(RuntimeError):
 
 
 @dataclass
-class FioResult:
-    write_gbps: float  # median over passes
-    read_gbps: float
-    write_range: tuple[float, float]
-    read_range: tuple[float, float]
+class FioResult(Rates):
+    write: Rate
+    read: Rate
     command: str  # one pass's read command, to rerun by hand
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def fio_command(path: Path, request_bytes: int, total_bytes: int, threads: int, write: bool) -> list[str]:
@@ -63,5 +59,4 @@ def run_fio(folder: str | Path, request_bytes: int, total_bytes: int, repeats: i
                 command = " ".join(argv)
         finally:
             path.unlink(missing_ok=True)
-    return FioResult(statistics.median(writes), statistics.median(reads), (min(writes), max(writes)),
-                     (min(reads), max(reads)), command)
+    return FioResult(Rate.of(writes), Rate.of(reads), command)

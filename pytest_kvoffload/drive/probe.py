@@ -7,42 +7,34 @@ figure the connector's delivered bandwidth is compared against (connector / prob
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_kvoffload.connector.store import ALIGN, aligned_buffer, padded
+from pytest_kvoffload.drive.rate import Rate, Rates
 
 
 @dataclass
-class ProbeResult:
+class ProbeResult(Rates):
     path: str
     request_bytes: int
     total_bytes: int
     direct_io: bool
-    write_gbps: float  # median over passes
-    read_gbps: float
+    write: Rate
+    read: Rate
     threads: int = 1
-    write_range: tuple[float, float] = (0.0, 0.0)  # min, max over passes
-    read_range: tuple[float, float] = (0.0, 0.0)
     # probe_store only: per request and thread, what the scheduler gave the threads (cpu_use.own_thread_times)
     write_on_cpu_ms: float | None = None
     write_waiting_for_cpu_ms: float | None = None
     # probe_disk only: writing again over the file a pass just wrote (blocks already allocated), as the
     # connector does when it recycles a removed chunk's file (store.py); 0 where not measured
-    overwrite_gbps: float = 0.0
-    overwrite_range: tuple[float, float] = (0.0, 0.0)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    overwrite: Rate = Rate()
 
     def describe(self) -> str:
-        over = (f"write over it {self.overwrite_gbps:.2f} GB/s ({self.overwrite_range[0]:.2f} to "
-                f"{self.overwrite_range[1]:.2f}), " if self.overwrite_gbps else "")
-        return (f"read {self.read_gbps:.2f} GB/s ({self.read_range[0]:.2f} to {self.read_range[1]:.2f}), "
-                f"write {self.write_gbps:.2f} GB/s ({self.write_range[0]:.2f} to {self.write_range[1]:.2f}), "
+        over = f"write over it {self.overwrite.describe()}, " if self.overwrite else ""
+        return (f"read {self.read.describe()}, write {self.write.describe()}, "
                 f"{over}{self.request_bytes / 2**20:.2f} MiB requests, {self.threads} thread(s), "
                 f"{'O_DIRECT' if self.direct_io else 'buffered'}")
 
@@ -122,9 +114,8 @@ def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: in
                 path.unlink()
             except OSError:
                 pass
-    return ProbeResult(str(folder), request_bytes, count * request_bytes, direct, statistics.median(writes),
-                       statistics.median(reads), threads, (min(writes), max(writes)), (min(reads), max(reads)),
-                       overwrite_gbps=statistics.median(overwrites), overwrite_range=(min(overwrites), max(overwrites)))
+    return ProbeResult(str(folder), request_bytes, count * request_bytes, direct, Rate.of(writes), Rate.of(reads),
+                       threads, overwrite=Rate.of(overwrites))
 
 
 def write_reference(probe: ProbeResult | BurstResult, over_share: float) -> float:
@@ -221,14 +212,14 @@ def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 2
         finally:
             remove_store(store)
     timed = repeats * count if len(write_times) == repeats * threads else 0
-    return ProbeResult(str(folder), layout.file_bytes, count * layout.file_bytes, direct, statistics.median(writes),
-                       statistics.median(reads), threads, (min(writes), max(writes)), (min(reads), max(reads)),
+    return ProbeResult(str(folder), layout.file_bytes, count * layout.file_bytes, direct, Rate.of(writes),
+                       Rate.of(reads), threads,
                        1e3 * sum(t[0] for t in write_times) / timed if timed else None,
                        1e3 * sum(t[1] for t in write_times) / timed if timed else None)
 
 
 @dataclass
-class BurstResult:
+class BurstResult(Rates):
     """The drive alone in bursts: `burst` chunk-sized requests handed to `threads` threads at once, then
     `gap_s` of nothing, timed as the connector times its saves (bytes over the union of the bursts' walls)."""
     path: str
@@ -236,25 +227,17 @@ class BurstResult:
     burst: int
     gap_s: float
     threads: int
-    write_gbps: float  # median over passes
-    write_range: tuple[float, float]
+    write: Rate
     # The same bursts written over the file just written (old blocks), and the fresh file read once in
     # bursts of read_burst requests (a load's chunks); read figures 0 where read_burst is 0
-    overwrite_gbps: float = 0.0
-    overwrite_range: tuple[float, float] = (0.0, 0.0)
+    overwrite: Rate = Rate()
     read_burst: int = 0
-    read_gbps: float = 0.0
-    read_range: tuple[float, float] = (0.0, 0.0)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    read: Rate = Rate()
 
     def describe(self) -> str:
-        over = (f", over it {self.overwrite_gbps:.2f} GB/s ({self.overwrite_range[0]:.2f} to "
-                f"{self.overwrite_range[1]:.2f})" if self.overwrite_gbps else "")
-        read = (f"; read {self.read_gbps:.2f} GB/s ({self.read_range[0]:.2f} to {self.read_range[1]:.2f}) in bursts "
-                f"of {self.read_burst}" if self.read_burst else "")
-        return (f"write {self.write_gbps:.2f} GB/s ({self.write_range[0]:.2f} to {self.write_range[1]:.2f}){over} in "
+        over = f", over it {self.overwrite.describe()}" if self.overwrite else ""
+        read = f"; read {self.read.describe()} in bursts of {self.read_burst}" if self.read_burst else ""
+        return (f"write {self.write.describe()}{over} in "
                 f"bursts of {self.burst} chunks{read}, {self.gap_s * 1e3:.0f} ms apart, {self.threads} thread(s)")
 
 
@@ -328,6 +311,5 @@ def probe_disk_bursts(folder: str | Path, request_bytes: int, burst: int, gap_s:
                 path.unlink()
             except OSError:
                 pass
-    return BurstResult(str(folder), request_bytes, burst, gap_s, threads, statistics.median(fresh),
-                       (min(fresh), max(fresh)), statistics.median(over), (min(over), max(over)), read_burst,
-                       statistics.median(reads) if reads else 0.0, (min(reads), max(reads)) if reads else (0.0, 0.0))
+    return BurstResult(str(folder), request_bytes, burst, gap_s, threads, Rate.of(fresh), Rate.of(over), read_burst,
+                       Rate.of(reads))

@@ -12,10 +12,9 @@ the engine costs.
 from __future__ import annotations
 
 import os
-import statistics
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,29 +23,24 @@ from pytest_kvoffload.connector.config import ConnectorConfig
 from pytest_kvoffload.connector.metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
 from pytest_kvoffload.connector.worker import WorkerSide
 from pytest_kvoffload.drive.probe import remove_store
+from pytest_kvoffload.drive.rate import Rate, Rates
 
 
 @dataclass
-class WorkerBurstResult:
+class WorkerBurstResult(Rates):
     path: str
     file_bytes: int
     burst: int
     gap_s: float
     threads: int
     over_share: float  # of the timed chunks written over free files
-    write_gbps: float  # median over passes
-    write_range: tuple[float, float]
+    write: Rate
     read_burst: int = 0  # chunks a load: the written chunks read back once, that many a step; 0: not
-    read_gbps: float = 0.0
-    read_range: tuple[float, float] = (0.0, 0.0)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    read: Rate = Rate()
 
     def describe(self) -> str:
-        read = (f"; read {self.read_gbps:.2f} GB/s ({self.read_range[0]:.2f} to {self.read_range[1]:.2f}) in loads "
-                f"of {self.read_burst} chunks" if self.read_burst else "")
-        return (f"write {self.write_gbps:.2f} GB/s ({self.write_range[0]:.2f} to {self.write_range[1]:.2f}) in "
+        read = f"; read {self.read.describe()} in loads of {self.read_burst} chunks" if self.read_burst else ""
+        return (f"write {self.write.describe()} in "
                 f"bursts of {self.burst} chunks, {self.over_share:.0%} over free files{read}, "
                 f"{self.gap_s * 1e3:.0f} ms apart, {self.threads} I/O thread(s)")
 
@@ -155,6 +149,4 @@ def probe_worker_bursts(folder: str | Path, extra: dict, layers: int, block_size
             os.sched_setaffinity(0, saved_affinity)
         torch.set_num_threads(saved_torch_threads)
     return WorkerBurstResult(str(folder), side.layout.file_bytes, burst, gap_s, threads, over_share,
-                             statistics.median(writes), (min(writes), max(writes)), read_burst,
-                             statistics.median(reads) if reads else 0.0,
-                             (min(reads), max(reads)) if reads else (0.0, 0.0))
+                             Rate.of(writes), read_burst, Rate.of(reads))

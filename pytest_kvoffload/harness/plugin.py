@@ -14,12 +14,14 @@ from pytest_kvoffload.harness import fixtures
 from pytest_kvoffload.harness import hookspecs
 from pytest_kvoffload.core import machine
 from pytest_kvoffload.harness import server_plan
-from pytest_kvoffload.serve.backends import BackendConfigError, LaunchContext, default_registry, server_command
+from pytest_kvoffload.serve.backends import BackendConfigError, LaunchContext, server_command
+from pytest_kvoffload.serve.builtin_backends import default_registry
 from pytest_kvoffload.measure.cells import State, grid
 from pytest_kvoffload.harness.fixtures import SESSION_KEY
 from pytest_kvoffload.record.run_record import RecordError, read_run
 from pytest_kvoffload.record.report import render
-from pytest_kvoffload.harness.options import OptionError, OptionValues, add_options, output_checks, read_options
+from pytest_kvoffload.harness.options import OptionError, OptionValues, add_options, read_options
+from pytest_kvoffload.harness.option_parsing import output_checks
 from pytest_kvoffload.core.progress import ProgressLine
 from pytest_kvoffload.harness.session import KVSession
 from pytest_kvoffload.core.settings import Settings
