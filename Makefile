@@ -40,7 +40,7 @@ bench: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest tests suites $(TEST_GRID) $(PYTEST_ARGS)
 
-# What make test passes to pytest (tests/test_server_plan.py reads it), and the servers it would start.
+# What make test passes to pytest (tests/harness/test_server_plan.py reads it), and the servers it would start.
 test-args:
 	@echo $(TEST_GRID)
 

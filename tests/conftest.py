@@ -20,10 +20,10 @@ def pytest_collection_modifyitems(items):
     in file order they evicted kvoffload-disk's server in the middle of its group, costing a start-up
     (about 40 s on 2 cores, more on slower CPUs). Run before that group's other tests, they cost nothing.
     """
-    oracle = [item for item in items if item.nodeid.startswith("tests/test_output_oracle.py")]
-    rest = [item for item in items if not item.nodeid.startswith("tests/test_output_oracle.py")]
+    oracle = [item for item in items if item.nodeid.startswith("tests/measure/test_output_oracle.py")]
+    rest = [item for item in items if not item.nodeid.startswith("tests/measure/test_output_oracle.py")]
     # The first test of kvoffload-disk's group that keeps its server (the self A/B, then the connector's).
-    group = ("tests/test_ab_method.py::test_a_backend_against_itself", "tests/test_connector_server.py")
+    group = ("tests/measure/test_ab_method.py::test_a_backend_against_itself", "tests/connector/test_connector_server.py")
     first = next((i for i, item in enumerate(rest) if item.nodeid.startswith(group)), None)
     if oracle and first is not None:
         items[:] = rest[:first] + oracle + rest[first:]

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+from tabulate import tabulate
 
 from pytest_kvoffload.serve.client import Endpoint, RequestError, stream_completion
 from pytest_kvoffload.measure.paired import interval, verdict
@@ -125,3 +126,61 @@ def offload_verdict(base: dict, r: dict) -> str:
     spread = f"95% {low:.2f} to {high:.2f}" if low is not None and high is not None else "too few requests for an interval"
     text = f"median request {pv['median_ratio']:.2f}x gpu-only ({spread}, {pv['pairs']} requests)"
     return f"{text}: " + {"paid": "paid", "same": "no difference shown", "slower": "cost you"}[pv["verdict"]]
+
+
+def replay_result(runs: list, p_star: float | None, shared: list[int]) -> dict:
+    """A backend's replays summed up: `runs` each (records, counters moved, wall seconds); `p_star` the
+    break-even prefix measured in this session, `shared` each request's reusable prefix in tokens."""
+    records = [r for run, _, _ in runs for r in run]
+    prompt_tokens = sum(r.prompt_tokens for r in records)
+    cached: dict[str, float] = {}
+    extra: dict[str, float] = {}
+    for _, delta, _ in runs:
+        for source, v in delta.cached_by_source.items():
+            cached[source] = cached.get(source, 0.0) + v
+        for key, v in delta.extra.items():
+            extra[key] = extra.get(key, 0.0) + v
+    ttfts = np.asarray([r.ttft_s for r in records])
+    from_arrival = np.asarray([r.ttft_from_arrival_s for r in records])
+    result = {
+        "requests": len(runs[0][0]),
+        "repeats": len(runs),
+        # Over every repeat's requests.
+        "ttft_p50_s": float(np.percentile(ttfts, 50)), "ttft_p90_s": float(np.percentile(ttfts, 90)),
+        "ttft_p99_s": float(np.percentile(ttfts, 99)), "ttft_mean_s": float(ttfts.mean()),
+        "hit_ratio": {s: v / prompt_tokens for s, v in cached.items()},
+        "bytes_loaded": extra.get("kvoffload:bytes_read_total", 0.0),
+        "admission": (f"{extra.get('kvoffload:loads_admitted_total', 0):.0f} in, "
+                      f"{extra.get('kvoffload:loads_declined_total', 0):.0f} out")
+        if any(k.startswith("kvoffload:loads_") for k in extra) else "-",
+        "break_even_prefix_tokens": p_star,
+        # A request's reusable prefix (what an earlier request of the replay had), not its length.
+        "share_above_break_even": None if p_star is None else float(np.mean([s >= p_star for s in shared])),
+        "arrival_p50_s": float(np.percentile(from_arrival, 50)), "arrival_p99_s": float(np.percentile(from_arrival, 99)),
+        "wall_s": float(np.mean([wall for _, _, wall in runs])),
+        "late_s_max": max(r.late_s for r in records),
+        # Each repeat's TTFT per request in trace order: the pairs of the verdict against gpu-only.
+        "ttft_s_by_repeat": [[r.ttft_s for r in run] for run, _, _ in runs],
+        "per_request": [vars(r) for r in runs[0][0]],
+    }
+    return result
+
+
+def replay_table(results: dict) -> str:
+    """One row per backend: TTFT from the send and from arrival, hit ratios, bytes, admission, verdict."""
+    rows = []
+    base = results.get("gpu-only")
+    for name, r in results.items():
+        verdict = offload_verdict(base, r) if base and name != "gpu-only" else "-"
+        rows.append([name, r["requests"], f"{r['ttft_p50_s'] * 1e3:,.0f}", f"{r['ttft_p90_s'] * 1e3:,.0f}",
+                     f"{r['ttft_p99_s'] * 1e3:,.0f}",
+                     f"{r['arrival_p50_s'] * 1e3:,.0f} / {r['arrival_p99_s'] * 1e3:,.0f}",
+                     f"{r['late_s_max'] * 1e3:,.0f}",
+                     ", ".join(f"{s} {v:.0%}" for s, v in sorted(r["hit_ratio"].items()) if v) or "none",
+                     f"{r['bytes_loaded'] / 1e6:,.1f}", r["admission"],
+                     "-" if r["share_above_break_even"] is None else f"{r['share_above_break_even']:.0%}",
+                     f"{r['wall_s']:.1f}", verdict])
+    return tabulate(rows, headers=["backend", "requests", "p50 ms", "p90 ms", "p99 ms",
+                                   "from arrival p50 / p99 ms", "latest send ms", "hit ratio by source",
+                                   "MB loaded", "admission", "above break-even", "wall s (mean)", "offload"],
+                    disable_numparse=True)

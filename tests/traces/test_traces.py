@@ -7,7 +7,7 @@ from pytest_kvoffload.traces.read import Scaling, TraceError, build_prompt, read
 from pathlib import Path
 
 # CI lays shared/ beside the clone, as on a developer's machine.
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
 
 
 def write(tmp_path, lines):

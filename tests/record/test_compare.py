@@ -101,7 +101,7 @@ def test_noise_cannot_widen_the_limit_only_make_a_cell_undecided():
 
 # ---- a gate for nights: user-facing backends only, p90 with its own limit, undecided is not a pass ----
 
-FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures" / "compare"
+FIXTURES = __import__("pathlib").Path(__file__).parents[1] / "fixtures" / "compare"
 
 
 def test_two_nights_that_differ_only_in_their_emulated_servers_pass():
@@ -133,7 +133,7 @@ def test_an_undecided_cell_exits_3_for_the_workflow_to_rerun(tmp_path, capsys):
 
 
 def test_a_workflow_reruns_undecided_nights_with_more_rounds():
-    workflow = (Path(__file__).resolve().parents[1] / ".github" / "workflows" / "nightly-gpu.yml").read_text()
+    workflow = (Path(__file__).resolve().parents[2] / ".github" / "workflows" / "nightly-gpu.yml").read_text()
     assert "-eq 3" in workflow and "--kv-rounds" in workflow
 
 

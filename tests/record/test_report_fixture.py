@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pytest_kvoffload.cli import main
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def test_report_of_a_committed_run_is_byte_equal(capsys):

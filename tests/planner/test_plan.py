@@ -12,7 +12,7 @@ from pytest_kvoffload.planner.simulate import LRU, PlanError, Profile, Tier, par
 from pytest_kvoffload.traces.prefix_trees import reuse_share, slice_by_tree
 from pytest_kvoffload.traces.read import Scaling, TraceRequest
 
-MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
+MOONCAKE = Path(__file__).resolve().parents[3] / "shared" / "data" / "mooncake" / "synthetic_trace.jsonl"
 BLOCK = 512
 
 

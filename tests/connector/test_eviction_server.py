@@ -2,7 +2,7 @@
 of about 10 MB (a variant server would add a start-up to every `make test`; the index's logic is tested
 in test_index.py):
 
-    pytest tests/test_eviction_server.py --kv-backend=kvoffload-disk --kv-disk-opt capacity_gb=0.01
+    pytest tests/connector/test_eviction_server.py --kv-backend=kvoffload-disk --kv-disk-opt capacity_gb=0.01
 """
 
 import time
