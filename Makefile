@@ -27,7 +27,7 @@ venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --progress-bar off -e '.[$(EXTRA),plots]' $(KV_PIP_ARGS)
+	$(PY) -m pip install --quiet --progress-bar off -e '.[$(EXTRA),plots,test]' $(KV_PIP_ARGS)
 ifeq ($(EXTRA),cpu)
 	@# PyPI's torchvision/torchaudio/torchcodec do not match the +cpu torch and break vLLM's import.
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
@@ -37,7 +37,9 @@ endif
 bench: $(STAMP)
 	$(PY) -m pytest suites --kv-backend=all $(BENCH_TRACE) $(PYTEST_ARGS)
 
+# The layer contract first (pyproject.toml, docs/layout.md): a second, then the tests.
 test: $(STAMP)
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest tests suites $(TEST_GRID) $(PYTEST_ARGS)
 
 # What make test passes to pytest (tests/harness/test_server_plan.py reads it), and the servers it would start.
