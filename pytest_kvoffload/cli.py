@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvoffload", description="KV offload break-even tools")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    est = sub.add_parser("estimate", help="the first-order break-even bandwidth (the seed document's formula)")
+    est = sub.add_parser("estimate", help="the first-order break-even bandwidth (prefill FLOPs over peak times MFU, no fixed costs)")
     est.add_argument("--model", required=True, help="a shipped model name or a folder with an HF config.json")
     est.add_argument("--tokens", type=_positive_int, nargs="+", required=True, help="prompt lengths")
     est.add_argument("--peak-tflops", type=float, default=989.0, help="dense BF16 peak (default: H100 SXM, 989)")

@@ -8,7 +8,7 @@ only when predicted to beat recompute by more than the calibration's `margin` (t
 relative spread of its cells), since a smaller predicted gain is within the noise of the prediction.
 
 Modes (connector option `admission`):
-- static: the seed's threshold, with the calibrated bandwidth.
+- static: the break-even threshold of the cost model (core/costs.py), with the calibrated bandwidth.
 - online: bw follows the connector's own loads once it has seen a few (the transfer rate fitted over
   recent loads of differing sizes, latency apart), so a drive that got slower, or a store moved to a faster
   one, changes the decisions without recalibrating.

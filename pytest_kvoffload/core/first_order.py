@@ -1,4 +1,4 @@
-"""The first-order model (the seed document's formula): the bandwidth at which loading a prefix ties recomputing it.
+"""The first-order model (prefill FLOPs over peak times MFU): the bandwidth at which loading a prefix ties recomputing it.
 
 t_prefill(n) = (2 P n + layers x 2 n^2 x q_heads x head_dim) / (peak FLOP/s x MFU)
 required_bw(n) = kv_bytes_per_token x n / t_prefill(n)

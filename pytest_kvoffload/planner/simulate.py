@@ -142,7 +142,7 @@ def parse_engine(text: str, kv_bytes_per_token: int) -> float:
 
 def first_order_profile(model, peak_tflops: float, mfu: float, tiers: list[Tier], engine_bytes: float,
                         kv_bytes_per_token: int) -> Profile:
-    """The seed's model: t(n) = (2 P n + layers 2 n^2 q_heads head_dim) / (peak x MFU), no fixed costs."""
+    """The first-order model (prefill FLOPs over peak times MFU): t(n) = (2 P n + layers 2 n^2 q_heads head_dim) / (peak x MFU), no fixed costs."""
     if peak_tflops <= 0 or not 0 < mfu <= 1:
         raise PlanError(f"--peak-tflops {peak_tflops:g} / --mfu {mfu:g}: expected a peak above 0 and an MFU in (0, 1]")
     if any(math.isnan(t.bandwidth_bps) for t in tiers):

@@ -1,6 +1,6 @@
 """From measured cells to break-even figures: recompute fit, tier fit, break-even bandwidth and prefix.
 
-Model (the seed's, with the suffix that a partial hit still computes):
+Model (core/costs.py; the suffix a partial hit still computes included):
     cold TTFT            t(n) = a + b n + c n^2
     tier-hit TTFT        t_fixed + p B / bw + (t(L) - t(p))      p cached tokens of an L-token prompt
 so  tier-hit TTFT - (t(L) - t(p)) = t_fixed + p B / bw, a straight line in p.
@@ -93,7 +93,7 @@ def fit_tier_paired(pairs: list[tuple[int, float]], base_s: float, kv_bytes_per_
 
     An engine hit of the same cell computes the same suffix, so the difference is the tier's own cost,
     extra_fixed + p B / bw, free of the recompute fit's noise. base_s (what a hit costs with nothing to
-    transfer) is added to the intercept so the fixed cost compares with t(p) like the seed's formula.
+    transfer) is added to the intercept so the fixed cost compares with t(p) like the first-order model's.
     """
     usable = [(p, d) for p, d in pairs if p > 0]
     if not usable:

@@ -66,7 +66,7 @@ def plot_ttft_by_length(run: dict, path: Path) -> Path | None:
 
 
 def plot_break_even_bandwidth(run: dict, path: Path) -> Path | None:
-    """The seed document's central picture, from measured data: the bandwidth a tier needs at each length (falling
+    """The break-even picture, from measured data: the bandwidth a tier needs at each length (falling
     with length), against the bandwidth each tier delivered (a horizontal line). Where the line is above
     the curve, loading beats recomputing."""
     tiers = {b: e["tier"] for b, e in (run.get("analysis") or {}).items() if e.get("tier")}

@@ -307,7 +307,7 @@ def break_even_lines(analysis: dict, drive_read_gbps: float | None = None) -> li
         lines.append(tabulate(rows, headers=["length", "break-even GB/s", "first-order GB/s", "tier pays",
                                              "smallest paying fraction"], disable_numparse=True))
         if first_order:
-            lines.append(f"(first-order: the seed document's formula, no fixed costs, at the {first_order['tflops']:.3g} TFLOP/s "
+            lines.append(f"(first-order: prefill FLOPs over peak times MFU, no fixed costs, at the {first_order['tflops']:.3g} TFLOP/s "
                          f"this run's cold {first_order['from_tokens']:,}-token prefill achieved)")
         lines.append("")
     return lines

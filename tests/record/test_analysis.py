@@ -106,7 +106,7 @@ def test_seed_model_at_the_measured_prefill_speed():
     assert seed["from_tokens"] == 4096 and seed["tflops"] > 0
     # At the length it was fitted on, the formula's prefill time is the measured one.
     assert seed["gbps"]["4096"] == pytest.approx(model.kv_bytes_per_token() * 4096 / 0.8 / 1e9)
-    # Shorter prompts need more bandwidth per the seed (the quadratic term shrinks faster than n).
+    # Shorter prompts need more bandwidth per the first-order model (the quadratic term shrinks faster than n).
     assert seed["gbps"]["512"] > seed["gbps"]["4096"]
 
 
