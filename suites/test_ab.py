@@ -2,7 +2,7 @@
 
     pytest suites/test_ab.py --kv-ab kvoffload-disk,kvoffload-disk[read_gbps=0.05] --kv-lengths=1024,4096 --kv-fractions=1.0
 
-The recommended way to compare connectors before an upgrade (pytest_kvoffload/ab.py has the method).
+The recommended way to compare connectors before an upgrade (pytest_kvoffload/measure/ab.py has the method).
 """
 
 import pytest

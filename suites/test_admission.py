@@ -2,7 +2,7 @@
 have teeth.
 
 On a drive slowed so that the break-even prefix falls among the grid's loadable prefixes (derived from
-this machine's measurements: pytest_kvoffload/slow_drive.py), a control server takes every load and a
+this machine's measurements: pytest_kvoffload/admission/slow_drive.py), a control server takes every load and a
 guarded server runs the rule chosen with --kv-admission (default queue). The control must show both
 kinds of cell, hits slower than recompute and hits that paid; otherwise a rule that admits everything,
 or one that declines everything, would pass unseen. Then the guarded server must have no slower cell
@@ -10,7 +10,7 @@ and must not decline the cells that paid. `--kv-admission=always` and `--kv-admi
 two faults: each makes this suite fail, naming the cells.
 
 The statistic, per cell, is the paired ratio hit / cold of requests taken side by side in each round,
-with a distribution-free 95% bound and a hard 10% cap (pytest_kvoffload/admission_check.py).
+with a distribution-free 95% bound and a hard 10% cap (pytest_kvoffload/admission/check.py).
 """
 
 import pytest

@@ -11,7 +11,7 @@ written and read by ChunkStore, no engine) is measured after them, so that the g
 into what the file format costs and what sharing the machine with the engine costs. Where the engine binds
 its worker to some cores (vLLM's CPU build: the connector's I/O threads inherit that binding) the store
 alone is measured on those cores too, and the CPU time the server's processes take during the rounds is
-printed beside the figures (cpu_use.py).
+printed beside the figures (drive/cpu_use.py).
 
 Writes are held to the drive's figure for the writes the connector made: the probe writes a fresh file
 and then over it, and the connector's chunks written over recycled files (store.py) count against the
@@ -22,7 +22,7 @@ The connector's own pattern is bursts: a step's chunks written at once, a prompt
 then nothing. The drive alone in that pattern (probe_disk_bursts: raw requests, none of our code) is the
 reference the targets are held to, and the gap to the continuous probe splits in three: what the pattern
 costs on the drive (drive in bursts / continuous probe), what the connector's code costs (its save and
-load paths alone in the pattern, no engine: worker_probe.py, against the drive in it) and what the engine
+load paths alone in the pattern, no engine: drive/worker_probe.py, against the drive in it) and what the engine
 beside it costs (the connector in the server against its code alone).
 """
 

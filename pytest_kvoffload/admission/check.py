@@ -106,7 +106,7 @@ def run_grid(recorder: Recorder, backend: Backend, endpoint, lengths, fractions,
              first_round: int = 0) -> Grid:
     """Cold, engine-hit and tier-hit rounds interleaved per length, so each hit has a cold request beside it.
 
-    Engine hits of the same cells let a calibration fit the tier by pairs (analysis.py). Cells whose shared
+    Engine hits of the same cells let a calibration fit the tier by pairs (record/analysis.py). Cells whose shared
     prefix is shorter than one stored chunk load nothing, so leave the rule nothing to decide: left out.
     """
     settings = recorder.settings

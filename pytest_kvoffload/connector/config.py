@@ -65,13 +65,13 @@ class ConnectorConfig:
     capacity_bytes: int = 64 << 30
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     io_threads: int = 2
-    # The I/O threads' scheduler slice (sched.py): the kernel's shortest by default; 0 keeps its default.
+    # The I/O threads' scheduler slice (io_threads.py): the kernel's shortest by default; 0 keeps its default.
     io_slice_us: int = MIN_SLICE_US
     direct_io: bool = True  # O_DIRECT where the file system allows it; buffered + page drop otherwise
     read_bytes_per_s: float | None = None  # emulate a slower drive
     read_latency_s: float = 0.0  # and its access latency: each load's reads start this much later
     calibration: Path | None = None
-    # refuse: a calibration measured on another machine, model or drive stops the server (calibration.py);
+    # refuse: a calibration measured on another machine, model or drive stops the server (core/calibration.py);
     # accept: it is used anyway and what differs is logged.
     calibration_mismatch: str = "refuse"
     # async: the request waits in the scheduler while I/O threads read (hides loads behind queueing);

@@ -92,7 +92,7 @@ def describe() -> dict:
 
 
 # Per-machine defaults. No speed is assumed here: the grid on a CPU is cut to what the measured prefill
-# speed finishes in budget (speed.py), and the admission suite derives its slowed drive from measurements.
+# speed finishes in budget (measure/prefill_speed.py), and the admission suite derives its slowed drive from measurements.
 # max_prefill_s is a time budget, not a speed: on a CPU, default lengths whose cold prefill takes longer are
 # left out, so make bench fits its 15 minutes on the slowest of our CPUs as on the fastest.
 CPU_DEFAULTS = {"model": "tiny-llama", "lengths": "512,1024,2048,4096", "fractions": "0.5,1.0", "rounds": "3",
@@ -122,7 +122,7 @@ def default_cpu_gib() -> float:
     """CPU memory for a CPU tier: a quarter of the machine, 1 to 64 GiB, leaving room for the engine.
 
     Without a GPU the engine's own KV cache, its weights and the tier all live in that memory, and vLLM's
-    tiering fills its whole region up front: an eighth, at most 4 GiB (the engine gets 2, backends.py).
+    tiering fills its whole region up front: an eighth, at most 4 GiB (the engine gets 2, serve/backends.py).
     """
     if not has_cuda():
         return round(min(4.0, max(1.0, memory_gib() / 8)), 1)

@@ -1,4 +1,4 @@
-"""The run's settings: what options.py parsed from the command line and ini file, before any server starts."""
+"""The run's settings: what harness/options.py parsed from the command line and ini file, before any server starts."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class Settings:
     dtype: str = "bfloat16"
     dtype_reason: str = ""
     # Default lengths whose cold prefill, measured at server start, exceeds this many seconds are left
-    # out (speed.py); None keeps every length, as do lengths the user gave (lengths_given).
+    # out (measure/prefill_speed.py); None keeps every length, as do lengths the user gave (lengths_given).
     max_prefill_s: float | None = None
     lengths_given: bool = False
     # The rule the admission suite's guarded server runs (--kv-admission; connector/admission.py).

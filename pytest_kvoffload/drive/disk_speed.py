@@ -12,7 +12,7 @@ written and read by ChunkStore, no engine) is measured after them, so that the g
 into what the file format costs and what sharing the machine with the engine costs. Where the engine binds
 its worker to some cores (vLLM's CPU build: the connector's I/O threads inherit that binding) the store
 alone is measured on those cores too, and the CPU time the server's processes take during the rounds is
-printed beside the figures (cpu_use.py).
+printed beside the figures (drive/cpu_use.py).
 
 Writes are held to the drive's figure for the writes the connector made: the probe writes a fresh file
 and then over it, and the connector's chunks written over recycled files (store.py) count against the
@@ -23,7 +23,7 @@ The connector's own pattern is bursts: a step's chunks written at once, a prompt
 then nothing. The drive alone in that pattern (probe_disk_bursts: raw requests, none of our code) is the
 reference the targets are held to, and the gap to the continuous probe splits in three: what the pattern
 costs on the drive (drive in bursts / continuous probe), what the connector's code costs (its save and
-load paths alone in the pattern, no engine: worker_probe.py, against the drive in it) and what the engine
+load paths alone in the pattern, no engine: drive/worker_probe.py, against the drive in it) and what the engine
 beside it costs (the connector in the server against its code alone).
 """
 
@@ -100,7 +100,7 @@ class DiskSpeed:
         s = self.settings
         self.chunk_file = HEADER_SIZE + self.granularity * s.kv_bytes_per_token
         self.store.mkdir(parents=True, exist_ok=True)
-        # The connector's pattern: its chunk files, its I/O threads, fresh files (probe.py).
+        # The connector's pattern: its chunk files, its I/O threads, fresh files (drive/probe.py).
         self.threads = int(s.disk_opts.get("io_threads", 2))
         self.probe_bytes = max(256 << 20, 64 * self.chunk_file)
         self.before = probe_disk(self.store, request_bytes=self.chunk_file, total_bytes=self.probe_bytes,
@@ -213,7 +213,7 @@ class DiskSpeed:
         probe_bytes, slice_us, kv_settings = self.probe_bytes, self.slice_us, self.settings
         # After the rounds (its writes would flush what the host still caches of their chunks): the store alone
         # again while the engine does the rounds' work (fresh prompts of the same lengths, one after another)
-        # with the connector told to keep out (engine_load.py): what the machine leaves a drive writer beside
+        # with the connector told to keep out (drive/engine_load.py): what the machine leaves a drive writer beside
         # vLLM, without the connector's code. Not bound to the worker's CPUs: there, a thread of another
         # process got no CPU at all beside a busy worker (Linux 6.18), while the worker's own threads, the
         # connector's, kept pace (docs/notes/2026-11-30-late.md).

@@ -1,4 +1,4 @@
-"""fio, the reference for drive speed, run with the drive probe's pattern (probe.py) so the two can be put
+"""fio, the reference for drive speed, run with the drive probe's pattern (drive/probe.py) so the two can be put
 side by side: synchronous requests of the same size from the same number of threads, O_DIRECT, a fresh
 file per pass written (with a final fsync) and then read once."""
 

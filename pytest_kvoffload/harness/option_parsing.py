@@ -1,4 +1,4 @@
-"""Each --kv-* option's value parsed and checked (options.py declares and reads them): a bad value is an
+"""Each --kv-* option's value parsed and checked (harness/options.py declares and reads them): a bad value is an
 OptionError, one line naming the option and what would be valid, raised before any server starts."""
 
 from __future__ import annotations

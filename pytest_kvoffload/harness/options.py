@@ -55,7 +55,7 @@ OPTIONS = (
     Option("--kv-server-timeout", "kv_server_timeout", "seconds to wait for a server's /health (default: 600)"),
     Option("--kv-server-plan", "kv_server_plan",
            "print the vLLM servers the selected tests would start, and which tests start each, then stop "
-           "without starting any (server_plan.py)", switch=True),
+           "without starting any (harness/server_plan.py)", switch=True),
     Option("--kv-server-arg", "kv_server_args", "extra vLLM server arguments, split like a shell (repeatable)",
            repeatable=True),
     Option("--kv-backend-python", "kv_backend_python",

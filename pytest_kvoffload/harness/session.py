@@ -46,17 +46,17 @@ class KVSession:
         self.hook = hook
         self.replay_plan = None  # set by the plugin when --kv-trace is given
         self.run_id = run_id or make_run_id(settings.model.name)
-        # Under pytest-xdist (distributed.py): a worker's id and GPUs, or the controller that merges.
+        # Under pytest-xdist (harness/distributed.py): a worker's id and GPUs, or the controller that merges.
         self.worker = worker
         self.devices = devices
         self.controller = controller
         # Part of every prompt's key, so a rerun against a long-lived server cannot hit last run's cache.
         self.salt = self.run_id
-        # An A/B run keeps its two servers up together (on a GPU each with half the memory, backends.py).
+        # An A/B run keeps its two servers up together (on a GPU each with half the memory, serve/backends.py).
         self.pool = ServerPool(max_running=2 if settings.ab or not machine.has_cuda() else 1,
                                before_stop=self.keep_histograms)
         self._writer: RunWriter | None = None
-        # Each backend's prefill speed, measured at its server's start (speed.py), and the grid's lengths
+        # Each backend's prefill speed, measured at its server's start (measure/prefill_speed.py), and the grid's lengths
         # that fit the prefill budget, decided once from the first server measured so every backend
         # runs the same grid.
         self.speeds: dict[str, PrefillSpeed] = {}
@@ -66,10 +66,10 @@ class KVSession:
         # Each server start-up's seconds: the next one's progress line, and a fresh salt per start.
         self.start_seconds: list[float] = []
         # Which servers started, with their seconds (the closing line), and the collected tests' plan of
-        # servers (server_plan.py; set by the plugin once collection is done).
+        # servers (harness/server_plan.py; set by the plugin once collection is done).
         self.starts: list[tuple[str, float]] = []
         self.server_plan = None
-        # Per backend with a disk tier: its folders and I/O mode (page_cache.py), found at its start.
+        # Per backend with a disk tier: its folders and I/O mode (serve/page_cache.py), found at its start.
         self.tier_io: dict[str, tuple[list[Path], str]] = {}
         # What measuring code gets instead of the session (measure/context.py).
         self.recorder = Recorder(settings, self.salt, keep=self.record, progress=progress,
@@ -238,8 +238,8 @@ class KVSession:
         return self.run_record().benchmark(name)
 
     def finish(self, interrupted: bool) -> None:
-        """Stop the servers, complete the run's record (results.py), then write the files drawn from it
-        (run_files.py) and tell the pytest_kvoffload_run_finished hook."""
+        """Stop the servers, complete the run's record (record/results.py), then write the files drawn from it
+        (record/run_files.py) and tell the pytest_kvoffload_run_finished hook."""
         self.pool.stop_all()
         run = self.complete_record(interrupted)
         if run is None:

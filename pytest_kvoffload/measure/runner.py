@@ -13,7 +13,7 @@ from pytest_kvoffload.measure.context import Recorder
 
 
 # Greedy tokens compared with a recompute in one round of every hit cell: wrong KV changes them (on a model
-# whose weights make attention matter, weights.py), while TTFT stays the time to the first one.
+# whose weights make attention matter, serve/weights.py), while TTFT stays the time to the first one.
 OUTPUT_TOKENS = 8
 # Two computations of the same prompt agree only up to rounding (bf16 keeps 8 bits of mantissa, and a
 # hit computes its suffix in other shapes than a cold prefill), so a token within this many nats of the

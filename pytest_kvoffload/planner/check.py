@@ -64,7 +64,7 @@ def replay_one_at_a_time(endpoint: Endpoint, plan: ReplayPlan, vocab_size: int, 
 
 def profile_of_run(recompute: dict, tier: dict | None, tier_name: str | None, kv_bytes_per_token: int,
                    engine_tokens: int, tier_capacity_bytes: float, hit_base_s: float | None = None) -> Profile:
-    """A planner profile from one backend's analysis entry (analysis.py): its recompute fit, what an engine
+    """A planner profile from one backend's analysis entry (record/analysis.py): its recompute fit, what an engine
     hit costs beyond its suffix, and, with a tier, that tier's bandwidth and fixed cost at the tier's
     configured capacity."""
     tiers = {}

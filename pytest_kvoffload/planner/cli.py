@@ -1,5 +1,5 @@
 """`kvoffload plan TRACE`: arguments checked first (a bad one is one line and nothing is written), then
-plan.py simulates and plan_report.py prints the tables and draws the capacity curve."""
+planner/simulate.py simulates and planner/report.py prints the tables and draws the capacity curve."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`kvoffload plan`'s output: the tables a person reads and the capacity-curve PNG (plan.py computes)."""
+"""`kvoffload plan`'s output: the tables a person reads and the capacity-curve PNG (planner/simulate.py computes)."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ class Profile:
     engine_bytes: float
     tiers: dict[str, Tier]
     source: str  # where the figures come from, for the report
-    # What an engine hit costs beyond computing its suffix (analysis.py's hit_base_s); None: the fit's
+    # What an engine hit costs beyond computing its suffix (record/analysis.py's hit_base_s); None: the fit's
     # base `a`, as for a cold prompt. A tier's fixed cost already holds it.
     hit_base_s: float | None = None
 

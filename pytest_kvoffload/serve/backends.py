@@ -1,6 +1,6 @@
 """KV backends: what each needs from vLLM, whether this machine can run it, and the registry users extend.
 
-A backend only describes a server; starting it is server.py's job, measuring it the suites'.
+A backend only describes a server; starting it is serve/server.py's job, measuring it the suites'.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class Backend:
     python: str | None = None
     # Whether users deploy it as it is: registered backends and the variants a user names on the command
     # line are; emulated drives, planted rules, fault servers and A/B twins are not. Only user-facing
-    # backends are gated from night to night (compare.py): the others are re-derived every run.
+    # backends are gated from night to night (record/compare.py): the others are re-derived every run.
     user_facing: bool = True
 
     def unavailable_reason(self) -> str | None:
@@ -160,7 +160,7 @@ def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[lis
         # fast with a connector, a difference that would be credited to offload. The same reservation for
         # every backend keeps their engines equal.
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(settings.tensor_parallel))
-    # Servers of one model, dtype and shape load what the first one compiled (compile_cache.py says why).
+    # Servers of one model, dtype and shape load what the first one compiled (serve/compile_cache.py says why).
     env.update(compile_cache.server_env(machine.has_cuda(), env))
     env.update(spec.env)
     problem = offloading_spec_problem(backend.name, argv, machine.has_cuda())

@@ -1,8 +1,8 @@
-"""Start, watch and stop vLLM servers (their HTTP surface, Endpoint, is in client.py).
+"""Start, watch and stop vLLM servers (their HTTP surface, Endpoint, is in serve/client.py).
 
 Each server runs in its own process group so that teardown reaches the engine-core and worker
 processes vLLM forks, not just the API process. Teardown runs on normal exit, on test failure,
-on Ctrl-C and on SIGTERM (see plugin.py), and `ServerPool.stop_all` is idempotent.
+on Ctrl-C and on SIGTERM (see harness/plugin.py), and `ServerPool.stop_all` is idempotent.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The connector's test-only `fault` option loads wrong KV that passes every file check (blocks zeroed, or
 each block given its chunk's previous block), as a bug in the scheduler's block mapping would. On the
-seeded random-weight model (weights.py) the greedy output of such a hit must differ from the cold one in
+seeded random-weight model (serve/weights.py) the greedy output of such a hit must differ from the cold one in
 at least 19 of 20 trials; on vLLM's dummy weights (+-1e-3) it mostly does not, which is why output
 checks run on the random-weight model.
 """

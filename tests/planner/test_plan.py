@@ -252,7 +252,7 @@ def test_a_slice_of_one_large_tree_keeps_the_traces_reuse_within_10_points(size)
     window = requests[:size]
     sliced = slice_by_tree(requests, size)
     assert size <= len(sliced) < size + 8  # whole sub-trees: "about" size
-    for chosen in (sliced, sliced[:size]):  # the replay keeps the first `size` (replay_plan.py)
+    for chosen in (sliced, sliced[:size]):  # the replay keeps the first `size` (traces/selection.py)
         assert abs(reuse_share(chosen) - whole) <= 0.10, (reuse_share(chosen), whole, reuse_share(window))
     assert abs(reuse_share(window) - whole) > 0.10  # the window the old slice fell back to loses it
 

@@ -1,4 +1,4 @@
-"""The planner-against-replay comparison (plan_check.py) and the ordering that runs it after the cells."""
+"""The planner-against-replay comparison (planner/check.py) and the ordering that runs it after the cells."""
 
 from pathlib import Path
 

@@ -1,4 +1,4 @@
-"""Disk tiers that read the disk: I/O mode, page-cache residency and the drop (page_cache.py), no server."""
+"""Disk tiers that read the disk: I/O mode, page-cache residency and the drop (serve/page_cache.py), no server."""
 
 import json
 import os
