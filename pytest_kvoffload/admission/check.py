@@ -1,40 +1,44 @@
-"""Checking an admission rule against measurement: paired rounds, their verdicts, and both controls.
+"""The admission suite's measurements: the emulated drive, the frontier cells, the control and the guarded rule.
 
-A cell's verdict comes from its rounds, each a tier hit and a cold request of the same length taken side
-by side (paired, so the engine's drift between rounds cancels), as the ratio hit / cold (paired.verdict:
-slower, paid, or no difference at 95%, with a hard 10% cap).
-
-The suite's controls then say what a broken rule would show. The control grid (admission off, every
-load taken) must contain slower cells, or the no-slower check has no teeth against a rule that admits
-everything; and cells that paid, or the missed-gain check has no teeth against a rule that declines
-everything. The guarded grid must have no slower cell and must not decline the cells that paid.
+1. The drive: the unthrottled kvoffload-disk server's grid (two rounds, kept out of the run's cells) fits the
+   recompute curve and the tier's own costs; slow_drive.frontier_drive adds the per-load latency that puts the
+   break-even at half the longest length (slow_drive.py says why latency and not bandwidth).
+2. Calibration: the control server (every load taken) runs frontier cells around that target; its hit/cold
+   ratios, interpolated, give the measured p*, and its fits the calibration the rule reads, with the queue
+   overlap from its probes behind a queue.
+3. Judged: the frontier re-placed around the measured p* (0.5 to 2 p*), the control and the guarded server
+   (the rule under test) interleaved round by round, every decision judged (judge.py); then probes behind a
+   queue on both servers, judged the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from pytest_kvoffload.record.analysis import analyse
-
-from pytest_kvoffload.core.costs import RecomputeFit
-from pytest_kvoffload.serve.backends import Backend, with_connector_options
+from pytest_kvoffload.admission import judge
 from pytest_kvoffload.admission.queue_probe import burst_table, measured_overlap, run_bursts
+from pytest_kvoffload.admission.slow_drive import (FRONTIER, SlowDrive, SlowDriveError, design_target,  # noqa: F401
+                                                   frontier_drive, frontier_prefixes, interpolated_break_even,
+                                                   planted_break_even, ratio, step_tokens)
 from pytest_kvoffload.core.calibration import build_calibration, write_calibration
-from pytest_kvoffload.measure.cells import Cell, State
-from pytest_kvoffload.measure.runner import CellRunner
+from pytest_kvoffload.core.costs import RecomputeFit, TierFit
 from pytest_kvoffload.core.progress import Tracker
+from pytest_kvoffload.measure.cells import Cell, State
 from pytest_kvoffload.measure.context import Recorder, Servers
-from pytest_kvoffload.measure.paired import CONFIDENCE, FLOOR, median_bound, verdict
-from pytest_kvoffload.measure.prompts import expected_cached, prefix_length
-from pytest_kvoffload.record.report import break_even_lines
-from pytest_kvoffload.admission.slow_drive import SlowDrive, SlowDriveError, loadable_prefixes, slow_drive, step_tokens  # noqa: F401 (the suite catches SlowDriveError)
+from pytest_kvoffload.measure.runner import CellRunner
+from pytest_kvoffload.record.analysis import analyse
+from pytest_kvoffload.serve.backends import Backend, with_connector_options
 
-# Control runs at most: the first with the drive derived from the unthrottled probe, then one from its own cells.
-CONTROL_ATTEMPTS = 2
-# Paired rounds a guarded cell that looks slower may grow to before it is judged as it stands.
-MAX_ROUNDS = 9
+# Paired rounds per frontier cell in the judged phase, and of the probes behind a queue: five is the fewest
+# for which two wrong rounds are more than noise at a few percent explains (judge.allowed_wrong).
+JUDGED_ROUNDS = 5
+CALIBRATION_ROUNDS = 2
+# The queue cells: one below p* (a rule crediting the queue wrongly admits there) and one above.
+QUEUE_MULTIPLES = (0.6, 1.4)
 
 
 @dataclass
@@ -51,216 +55,259 @@ class Round:
 
 
 @dataclass
-class Grid:
-    """One server's paired rounds per (length, fraction), and the rounds that failed verification."""
-
+class Frontier:
+    """One server's rounds per prefix (prompts of prefix + 1 tokens, all shared), and failed verifications."""
     backend: str
-    cells: dict[tuple[int, float], list[Round]] = field(default_factory=dict)
+    cells: dict[int, list[Round]] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
 
-    def admitted_cells(self) -> list[tuple[int, float]]:
-        return sorted(k for k, rounds in self.cells.items() if _mostly(r.admitted for r in rounds))
-
-    def declined_cells(self) -> list[tuple[int, float]]:
-        return sorted(k for k, rounds in self.cells.items() if _mostly(r.declined for r in rounds))
+    def median_ratios(self) -> dict[int, float]:
+        return {p: float(np.median([r.ratio for r in rs])) for p, rs in self.cells.items() if rs}
 
 
-def _mostly(flags) -> bool:
-    flags = list(flags)
-    return bool(flags) and sum(flags) * 2 > len(flags)
+def measure_round(recorder: Recorder, backend: Backend, endpoint, prefix: int, r: int, frontier: Frontier) -> None:
+    """A cold request and a tier-only hit of a (prefix + 1)-token prompt, side by side."""
+    length, check = prefix + 1, r == 0  # outputs compared with a recompute once per cell
+    cold = CellRunner(recorder, backend, endpoint, Cell(length, 0.0, State.COLD), r, "measure", check).run(1)
+    hit = CellRunner(recorder, backend, endpoint, Cell(length, 1.0, State.TIER_HIT), r, "measure", check).run(1)
+    frontier.failures += [f"{c.cell.id}: {f}" for c in (cold, hit) for f in c.failures]
+    result = hit.results[0]
+    frontier.cells.setdefault(prefix, []).append(Round(
+        hit_s=result.client_ttft_s, cold_s=cold.results[0].client_ttft_s,
+        tier_tokens=result.cached_by_source.get(backend.tier or "", 0),
+        admitted=bool(result.connector.get("kvoffload:loads_admitted_total")),
+        declined=bool(result.connector.get("kvoffload:loads_declined_total"))))
 
 
-def _describe(key, rounds: list[Round]) -> str:
-    length, fraction = key
-    ratios = [r.ratio for r in rounds]
-    low, high = median_bound(ratios, upper=False), median_bound(ratios, upper=True)
-    bounds = f", {CONFIDENCE:.0%} bounds {low:.2f} to {high:.2f}" if low is not None else ""
-    return (f"{length} tokens, {fraction:g} cached: tier hit {np.median([r.hit_s for r in rounds]) * 1e3:.0f} ms "
-            f"vs cold {np.median([r.cold_s for r in rounds]) * 1e3:.0f} ms (median ratio {np.median(ratios):.2f}"
-            f"{bounds}, {len(rounds)} rounds)")
+def block_variant(backend: Backend, suffix: str, block: int, **options) -> Backend:
+    """A variant storing one KV block a chunk, so that frontier prefixes fall on whole blocks."""
+    variant = with_connector_options(backend, suffix, chunk_tokens=block, **options)
+    return dataclasses.replace(variant, tier_granularity=lambda settings: block)
 
 
-def slower_hits(grid: Grid) -> list[str]:
-    """Cells whose tier hits were slower than recomputing (see the module's doc for the statistic)."""
-    return [_describe(k, rounds) for k, rounds in sorted(grid.cells.items())
-            if verdict([r.ratio for r in rounds]) == "slower"]
-
-
-def paid_cells(grid: Grid) -> list[tuple[int, float]]:
-    return sorted(k for k, rounds in grid.cells.items() if verdict([r.ratio for r in rounds]) == "paid")
-
-
-def missed_gains(control: Grid, guarded: Grid) -> list[str]:
-    """Cells where loading paid with every load taken, yet the rule declined most of their loads."""
-    out = []
-    for key in paid_cells(control):
-        rounds = guarded.cells.get(key, [])
-        declined = sum(r.declined for r in rounds)
-        if rounds and declined * 2 > len(rounds):
-            out.append(f"{_describe(key, control.cells[key])} with every load taken, yet the rule declined "
-                       f"{declined} of {len(rounds)} loads")
+def decisions(control: dict, guarded: dict, ratio_of) -> dict[int, list[judge.Decision]]:
+    """Each guarded round paired with the control's round of the same prefix and index."""
+    out = {}
+    for prefix, rounds in guarded.items():
+        paired = zip(rounds, control.get(prefix, []))
+        out[prefix] = [judge.Decision(bool(g_admitted), g_ratio, c_ratio, g_cold / c_cold)
+                       for (g_admitted, g_ratio, g_cold), (_, c_ratio, c_cold)
+                       in ((ratio_of(g), ratio_of(c)) for g, c in paired)]
     return out
 
 
-def run_grid(recorder: Recorder, backend: Backend, endpoint, lengths, fractions, rounds: int, purpose: str = "measure",
-             first_round: int = 0) -> Grid:
-    """Cold, engine-hit and tier-hit rounds interleaved per length, so each hit has a cold request beside it.
-
-    Engine hits of the same cells let a calibration fit the tier by pairs (record/analysis.py). Cells whose shared
-    prefix is shorter than one stored chunk load nothing, so leave the rule nothing to decide: left out.
-    """
-    settings = recorder.settings
-    granularity = backend.granularity(settings)
-    grid = Grid(backend.name)
-    # A round's cost grows with its length: the time left is estimated from tokens done.
-    tracker = Tracker(recorder.progress, f"{purpose} grid on {backend.name}", len(lengths) * rounds,
-                      "lengths x rounds", total_work=sum(lengths) * rounds)
-    for length in lengths:
-        for r in range(first_round, first_round + rounds):
-            check = r == 0  # outputs compared with a recompute once per cell
-            cold = CellRunner(recorder, backend, endpoint, Cell(length, 0.0, State.COLD), r, purpose, check).run(1)
-            grid.failures += [f"{length}-cold: {f}" for f in cold.failures]
-            for fraction in fractions:
-                engine = CellRunner(recorder, backend, endpoint, Cell(length, fraction, State.ENGINE_HIT), r,
-                                    purpose, check).run(1)
-                hit = CellRunner(recorder, backend, endpoint, Cell(length, fraction, State.TIER_HIT), r, purpose,
-                                 check).run(1)
-                grid.failures += [f"{c.cell.id}: {f}" for c in (engine, hit) for f in c.failures]
-                if not expected_cached(prefix_length(length, fraction), length, settings.block_size, granularity):
-                    continue
-                result = hit.results[0]
-                grid.cells.setdefault((length, fraction), []).append(Round(
-                    hit_s=result.client_ttft_s, cold_s=cold.results[0].client_ttft_s,
-                    tier_tokens=result.cached_by_source.get(backend.tier or "", 0),
-                    admitted=bool(result.connector.get("kvoffload:loads_admitted_total")),
-                    declined=bool(result.connector.get("kvoffload:loads_declined_total"))))
-            tracker.step(f"{length} tokens, round {r + 1}", work=length)
-    return grid
+def grid_figures(r: Round) -> tuple[bool, float, float]:
+    return r.admitted, r.ratio, r.cold_s
 
 
-def undecided_slower(grid: Grid) -> list[tuple[int, float]]:
-    """Cells whose median ratio looks slower than recompute (above 1 + FLOOR) without the confidence to say so."""
-    return sorted(key for key, rounds in grid.cells.items()
-                  if verdict([r.ratio for r in rounds]) == "same" and np.median([r.ratio for r in rounds]) > 1 + FLOOR)
-
-
-def settle_undecided(recorder: Recorder, backend: Backend, endpoint, grid: Grid, max_rounds: int) -> None:
-    """More paired rounds, up to max_rounds, for cells that look slower but are undecided: noise is met
-    with evidence, never with a wider tolerance."""
-    for length, fraction in undecided_slower(grid):
-        rounds = grid.cells[(length, fraction)]
-        while len(rounds) < max_rounds and verdict([r.ratio for r in rounds]) == "same":
-            more = run_grid(recorder, backend, endpoint, [length], [fraction], 1, first_round=len(rounds))
-            grid.failures += more.failures
-            rounds += more.cells.get((length, fraction), [])
-
-
-def grid_table(grid: Grid) -> str:
-    rows = ["length  cached  rounds  admitted  declined  hit ms  cold ms  hit/cold  verdict"]
-    for (length, fraction), rounds in sorted(grid.cells.items()):
-        ratios = [r.ratio for r in rounds]
-        rows.append(f"{length:<7} {fraction:<7g} {len(rounds):<7} {sum(r.admitted for r in rounds):<9} "
-                    f"{sum(r.declined for r in rounds):<9} {np.median([r.hit_s for r in rounds]) * 1e3:<7.0f} "
-                    f"{np.median([r.cold_s for r in rounds]) * 1e3:<8.0f} {np.median(ratios):<9.2f} {verdict(ratios)}")
-    return "\n".join(rows)
+def burst_figures(r: dict) -> tuple[bool, float, float]:
+    return r["admitted"], r["hit_s"] / r["cold_s"], r["cold_s"]
 
 
 @dataclass
 class AdmissionRun:
     drive: SlowDrive
     step_tokens: int
-    control: Grid
-    guarded: Grid
+    design_p_star: int
+    measured_p_star: float
     calibration: dict
+    calibration_pass: Frontier
+    control: Frontier
+    guarded: Frontier
+    multiples: dict[int, float]
+    verdicts: list[judge.CellVerdict]
+    control_bursts: dict
     bursts: dict
+    queue_verdicts: list[judge.CellVerdict]
     mode: str
+    too_noisy: str | None = None
+
+    @property
+    def failures(self) -> list[str]:
+        return self.calibration_pass.failures + self.control.failures + self.guarded.failures
+
+    @property
+    def tier(self) -> dict:
+        return next(iter(self.calibration["tiers"].values()))
+
+
+def probe_drive(recorder: Recorder, servers: Servers, backend: Backend, cap: float) -> tuple[SlowDrive, int]:
+    """The unthrottled server's grid, fitted, and the drive that puts the break-even at the design target."""
+    settings = recorder.settings
+    lengths, kv_bytes = recorder.lengths(), settings.kv_bytes_per_token
+    endpoint = servers.endpoint(backend)
+    recorder.progress(f"admission: measuring {backend.name} unthrottled to choose the emulated drive")
+    probe = Frontier(backend.name)
+    for r in range(2):
+        for length in lengths:
+            cells = [Cell(length, 0.0, State.COLD), Cell(length, 1.0, State.TIER_HIT)]
+            for cell in cells:
+                probe.failures += CellRunner(recorder, backend, endpoint, cell, r, "drive-probe", False).run(1).failures
+    fit = analyse(recorder.cells(backend.name, purpose="drive-probe"), kv_bytes, {backend.name: backend.tier})
+    entry = fit[backend.name]
+    tier = entry.get("tier") or {}
+    gbps = tier.get("bandwidth_gbps")
+    seconds_per_token = kv_bytes / (gbps * 1e9) if gbps else 0.0
+    target = design_target(lengths, settings.block_size)
+    drive = frontier_drive(target, RecomputeFit(**entry["recompute"]), tier.get("fixed_s", 0.0), seconds_per_token,
+                           judge.CAP)
+    recorder.progress(f"admission: {drive.describe()}")
+    return drive, target
+
+
+def calibrate(recorder: Recorder, servers: Servers, slow: Backend, target: int, step: int,
+              tier_name: str) -> tuple[Frontier, float, dict, dict]:
+    """The control's calibration pass: its frontier around the target, the measured p*, the calibration."""
+    settings = recorder.settings
+    block = settings.block_size
+    endpoint = servers.endpoint(slow)
+    placed = frontier_prefixes(target, block, FRONTIER)
+    recorder.progress(f"admission: calibration pass on {slow.name} at {', '.join(map(str, placed))} tokens")
+    frontier = Frontier(slow.name)
+    for r in range(CALIBRATION_ROUNDS):
+        for prefix in placed:
+            measure_round(recorder, slow, endpoint, prefix, r, frontier)
+    measured = interpolated_break_even(frontier.median_ratios())
+    if measured is None:
+        raise SlowDriveError(f"the control's hit/cold ratios never cross 1 around {target:,} tokens "
+                             f"({frontier.median_ratios()}): no break-even to place the frontier on")
+    queue_cells = sorted(frontier_prefixes(measured, block, QUEUE_MULTIPLES))
+    control_bursts = {}
+    for r in range(JUDGED_ROUNDS):
+        for prefix in queue_cells:
+            for key, cell in run_bursts(recorder, slow, endpoint, [prefix + 1], [1.0], step, 1, first_round=r).items():
+                control_bursts.setdefault(key, {**cell, "rounds": []})["rounds"] += cell["rounds"]
+    analysis = analyse(recorder.cells(slow.name), settings.kv_bytes_per_token, {slow.name: tier_name})
+    calibration = build_calibration(analysis, settings, recorder.environment())
+    tier = calibration["tiers"][slow.name]
+    tier["queue_overlap"] = measured_overlap(control_bursts, tier, settings.kv_bytes_per_token, step)
+    return frontier, measured, calibration, control_bursts
+
+
+def too_noisy(tier: dict, kv_bytes: int) -> str | None:
+    """Whether the rule's margin makes it as conservative as the planted static:scale=1.5 (then the suite
+    cannot tell the real rule from that near miss and says so)."""
+    enforced = tier.get("enforced_break_even_prefix_tokens")
+    if not tier.get("bandwidth_gbps") or enforced is None:
+        return None
+    fit = TierFit(tier["bandwidth_gbps"] * 1e9, tier["fixed_s"], 0)
+    planted = planted_break_even(fit, RecomputeFit(**tier["recompute"]), kv_bytes, 1.5)
+    if enforced >= planted:
+        return (f"the calibrated margin ({tier.get('margin', 0):.0%}) makes the rule take loads from {enforced:,.0f} "
+                f"tokens, as late as a rule wrong by 1.5x ({planted:,.0f}): this machine is too noisy to tell them apart")
+    return None
 
 
 def run_admission(recorder: Recorder, servers: Servers, backend: Backend, mode: str, rounds: int) -> AdmissionRun:
-    """The admission suite's measurements: drive probe, control (every load taken), guarded (the rule)."""
+    """Drive, calibration, judged frontier and queue (the module's doc)."""
     settings = recorder.settings
-    lengths, fractions = recorder.lengths(), settings.fractions
-    kv_bytes = settings.kv_bytes_per_token
-    # 1. The drive: from the unthrottled backend's cells, two rounds each, kept out of the run's cells.
-    endpoint = servers.endpoint(backend)
-    recorder.progress(f"admission: measuring {backend.name} unthrottled to choose the slowed drive")
-    run_grid(recorder, backend, endpoint, lengths, fractions, 2, purpose="drive-probe")
-    probe = analyse(recorder.cells(backend.name, purpose="drive-probe"), kv_bytes, {backend.name: backend.tier})[backend.name]
-    prefixes = loadable_prefixes(lengths, fractions, settings.block_size, backend.granularity(settings))
-    drive = slow_drive(prefixes, RecomputeFit(**probe["recompute"]), probe["tier"]["fixed_s"], kv_bytes)
-    recorder.progress(f"admission: {drive.describe()}")
-    step = step_tokens(lengths, settings.block_size)
+    block, kv_bytes = settings.block_size, settings.kv_bytes_per_token
+    drive, target = probe_drive(recorder, servers, backend, judge.CAP)
+    step = step_tokens(recorder.lengths(), block)
     budget = ("--max-num-batched-tokens", str(step))
-    # 2. The control: every load taken. Its cells calibrate the rule; its probes behind a queue measure
-    #    how much of a queue a load hides in. The probe above has two rounds and a noisy neighbour can
-    #    skew it; when the control lacks either kind of cell (slower, paid), the drive is derived again
-    #    from the control's own cells and the control run once more.
-    for attempt in range(1, CONTROL_ATTEMPTS + 1):
-        slow = with_connector_options(backend, f"slow{attempt}" if attempt > 1 else "slow", server_args=budget,
-                                      admission="always", **drive.options())
-        recorder.progress(f"admission: control grid on {slow.name} ({rounds} rounds, every load taken)")
-        control = run_grid(recorder, slow, servers.endpoint(slow), lengths, fractions, rounds)
-        if (slower_hits(control) and paid_cells(control)) or attempt == CONTROL_ATTEMPTS:
-            break
-        servers.release(slow.name)
-        fit = analyse(recorder.cells(slow.name), kv_bytes, {slow.name: backend.tier})[slow.name]
-        # The fitted fixed cost includes the latency this drive added: the tier's own is what is left.
-        drive = slow_drive(prefixes, RecomputeFit(**fit["recompute"]), fit["tier"]["fixed_s"] - drive.latency_s, kv_bytes)
-        recorder.progress(f"admission: the control lacked {'slower' if not slower_hits(control) else 'paying'} "
-                         f"cells; from its own cells, {drive.describe()}")
-    # Probes behind a queue cost a long prefill each: at the longest length only, where loads are largest.
-    burst_lengths = lengths[-1:]
-    overlap_probes = run_bursts(recorder, slow, servers.endpoint(slow), burst_lengths, fractions, step, 3)
-    servers.release(slow.name)
-    analysis = analyse(recorder.cells(slow.name), kv_bytes, {slow.name: backend.tier})
-    calibration = build_calibration(analysis, settings, recorder.environment())
-    tier = calibration["tiers"][backend.name] = calibration["tiers"].pop(slow.name)
-    tier["queue_overlap"] = measured_overlap(overlap_probes, tier, kv_bytes, step)
+    slow = block_variant(backend, "slow", block, server_args=budget, admission="always", **drive.options())
+    calibration_pass, measured, calibration, control_bursts = calibrate(recorder, servers, slow, target, step,
+                                                                        backend.tier)
+    calibration["tiers"] = {backend.name: calibration["tiers"].pop(slow.name)}
     path = recorder.run_dir() / "admission-calibration.json"
     write_calibration(path, calibration)
-    # 3. The guarded server: the same drive, the rule under test.
-    guarded_backend = with_connector_options(backend, "admission", server_args=budget, calibration=str(path),
-                                             admission=mode, **drive.options())
-    recorder.progress(f"admission: guarded grid on {guarded_backend.name} (rule {mode}, {rounds} rounds)")
-    endpoint = servers.endpoint(guarded_backend)
-    guarded = run_grid(recorder, guarded_backend, endpoint, lengths, fractions, rounds)
-    settle_undecided(recorder, guarded_backend, endpoint, guarded, MAX_ROUNDS)
-    bursts = run_bursts(recorder, guarded_backend, endpoint, burst_lengths, fractions, step, max(3, settings.rounds))
+    guarded_backend = block_variant(backend, "admission", block, server_args=budget, calibration=str(path),
+                                    admission=mode, **drive.options())
+    multiples = {p: p / measured for p in frontier_prefixes(measured, block, FRONTIER)}
+    control, guarded = Frontier(slow.name), Frontier(guarded_backend.name)
+    endpoints = (servers.endpoint(slow), servers.endpoint(guarded_backend))
+    n = max(JUDGED_ROUNDS, rounds)
+    recorder.progress(f"admission: {slow.name} and {guarded_backend.name} (rule {mode}) interleaved, {n} rounds "
+                      f"of {', '.join(map(str, multiples))} tokens (measured p* {measured:,.0f})")
+    tracker = Tracker(recorder.progress, "admission frontier", n, "rounds")
+    for r in range(n):
+        order = ((slow, endpoints[0], control), (guarded_backend, endpoints[1], guarded))
+        for b, e, f in (order if r % 2 == 0 else order[::-1]):  # who goes first alternates
+            for prefix in multiples:
+                measure_round(recorder, b, e, prefix, CALIBRATION_ROUNDS + r, f)
+        tracker.step(f"round {r + 1}")
+    bursts = {}
+    for r in range(JUDGED_ROUNDS):
+        for key in control_bursts:
+            for k, cell in run_bursts(recorder, guarded_backend, endpoints[1], [key[0]], [1.0], step, 1,
+                                      first_round=r).items():
+                bursts.setdefault(k, {**cell, "rounds": []})["rounds"] += cell["rounds"]
     servers.release(guarded_backend.name)
-    run = AdmissionRun(drive, step, control, guarded, calibration, bursts, mode)
-    recorder.add_benchmark("admission", summary(run, break_even_lines(analysis)),
-                          {"drive": {**drive.options(), "predicted_break_even_prefix": drive.break_even_prefix},
-                           "mode": mode,
-                           "calibration": calibration, "analysis": analysis,
-                           "admitted_cells": [list(k) for k in guarded.admitted_cells()],
-                           "declined_cells": [list(k) for k in guarded.declined_cells()],
-                           "negative_control": slower_hits(control), "positive_control": paid_cells(control),
-                           "slower_hits": slower_hits(guarded), "missed_gains": missed_gains(control, guarded)})
+    servers.release(slow.name)
+    margin = calibration["tiers"][backend.name].get("margin", 0.0)
+    verdicts = judge.judge(decisions(control.cells, guarded.cells, grid_figures), multiples, margin)
+    queue = judge.judge(decisions({k[0] - 1: c["rounds"] for k, c in control_bursts.items()},
+                                  {k[0] - 1: c["rounds"] for k, c in bursts.items()}, burst_figures),
+                        {k[0] - 1: (k[0] - 1) / measured for k in bursts}, margin,
+                        declines=mode.startswith("queue"))
+    run = AdmissionRun(drive, step, target, measured, calibration, calibration_pass, control, guarded, multiples,
+                       verdicts, control_bursts, bursts, queue, mode,
+                       too_noisy(calibration["tiers"][backend.name], kv_bytes))
+    recorder.add_benchmark("admission", summary(run), benchmark_data(run))
     return run
 
 
-def summary(run: AdmissionRun, calibration_lines: list[str]) -> str:
-    tier = next(iter(run.calibration["tiers"].values()))
-    # The prefix the rule enforces (its margin included), not the margin-0 one where hits start to pay.
-    p_star = tier.get("enforced_break_even_prefix_tokens", tier.get("break_even_prefix_tokens"))
-    negative, positive = slower_hits(run.control), paid_cells(run.control)
-    slower, missed = slower_hits(run.guarded), missed_gains(run.control, run.guarded)
+def frontier_table(run: AdmissionRun) -> str:
+    tier = run.tier
+    recompute = RecomputeFit(**tier["recompute"])
+    spt = run_seconds_per_token(tier, run)
+    rows = ["prefix  x p*   predicted  control  guarded  admitted  wrong  noise allows  detects from"]
+    for v in run.verdicts:
+        predicted = ratio(v.prefix, recompute, tier["fixed_s"], spt)
+        control = np.median([d.control_ratio for d in v.decisions]) if v.decisions else math.nan
+        guarded = np.median([d.guarded_ratio for d in v.decisions]) if v.decisions else math.nan
+        rows.append(f"{v.prefix:<7,} {v.multiple:<6.2f} {predicted:<10.2f} {control:<8.2f} {guarded:<8.2f} "
+                    f"{v.admitted}/{len(v.decisions):<7} {v.wrong:<6} {v.allowed:<13} {v.detectable:.0%}")
+    return "\n".join(rows)
+
+
+def run_seconds_per_token(tier: dict, run: AdmissionRun) -> float:
+    return 0.0 if not tier.get("bandwidth_gbps") else run_kv_bytes(run) / (tier["bandwidth_gbps"] * 1e9)
+
+
+def run_kv_bytes(run: AdmissionRun) -> int:
+    return run.calibration["fingerprint"]["kv_bytes_per_token"]
+
+
+def summary(run: AdmissionRun) -> str:
+    tier = run.tier
+    wrong = judge.failures(run.verdicts)
+    queue_wrong = judge.failures(run.queue_verdicts)
     lines = [
         run.drive.describe(),
-        f"control (every load taken), {len(run.control.cells)} cells:",
-        grid_table(run.control),
-        *calibration_lines,
-        f"rule {run.mode}: enforced break-even prefix {'-' if p_star is None else f'{p_star:,.0f} tokens'} "
-        f"(hits pay from {tier.get('break_even_prefix_tokens') or 0:,.0f}), "
-        f"margin {tier.get('margin', 0):.0%}, queue overlap {tier.get('queue_overlap') or 0:.2f}",
-        grid_table(run.guarded),
-        f"guarded: {len(run.guarded.admitted_cells())} cells admitted, {len(run.guarded.declined_cells())} declined",
-        f"negative control (a rule that takes every load would be caught): "
-        f"{'holds, ' + str(len(negative)) + ' slower cells' if negative else 'FAILS: no slower cell'}",
-        f"positive control (a rule that declines every load would be caught): "
-        f"{'holds, ' + str(len(positive)) + ' cells paid' if positive else 'FAILS: no cell paid'}",
-        f"guarded: {len(slower)} slower cells, {len(missed)} paying cells declined",
-        "behind a queue (guarded):",
+        f"break-even prefix p*: designed {run.design_p_star:,}, interpolated from the control's hit/cold ratios "
+        f"{run.measured_p_star:,.0f}; the calibration's {tier.get('break_even_prefix_tokens') or 0:,.0f} (hits pay "
+        f"from), the rule enforces {tier.get('enforced_break_even_prefix_tokens') or 0:,.0f} (margin "
+        f"{tier.get('margin', 0):.0%}, queue overlap {tier.get('queue_overlap') or 0:.2f})",
+        f"frontier (rule {run.mode}, {judge.CONFIDENCE:.0%} confidence, cap {judge.CAP:.0%}; ratios are hit/cold "
+        "medians; wrong: admitted and slower than the cap, or declined where the control's load paid by more "
+        "than margin + cap):",
+        frontier_table(run),
+        noise_line(run.verdicts),
+        f"wrong decisions beyond noise: {len(wrong)} cells" + (": " + "; ".join(wrong) if wrong else ""),
+        "behind a queue (control, then guarded):",
         burst_table(run.bursts) if run.bursts else "(no probes)",
+        f"queue decisions judged in {len(run.queue_verdicts)} cells, wrong beyond noise in {len(queue_wrong)}"
+        + (": " + "; ".join(queue_wrong) if queue_wrong else ""),
     ]
+    if run.too_noisy:
+        lines.append(f"FAILS: {run.too_noisy}")
     return "\n".join(lines)
+
+
+def noise_line(verdicts: list[judge.CellVerdict]) -> str:
+    p0, sigma = judge.noise({v.prefix: v.decisions for v in verdicts})
+    return (f"noise: {p0:.1%} of rounds (Laplace estimate) lie more than the cap from their cell's median, spread "
+            f"{sigma:.1%} (log sd); a cell fails beyond the wrong rounds that explains at {judge.CONFIDENCE:.0%}")
+
+
+def benchmark_data(run: AdmissionRun) -> dict:
+    def cells(verdicts):
+        return [{"prefix": v.prefix, "multiple": round(v.multiple, 3), "rounds": len(v.decisions),
+                 "admitted": v.admitted, "wrong": v.wrong, "noise_allows": v.allowed,
+                 "detectable_slowdown": v.detectable if math.isfinite(v.detectable) else None,
+                 "decisions": [dataclasses.asdict(d) for d in v.decisions]} for v in verdicts]
+    return {"drive": {**run.drive.options(), "target_p_star": run.design_p_star, "early_cost": run.drive.early_cost,
+                      "late_cost": run.drive.late_cost},
+            "mode": run.mode, "measured_p_star": run.measured_p_star, "calibration": run.calibration,
+            "frontier": cells(run.verdicts), "queue": cells(run.queue_verdicts), "too_noisy": run.too_noisy}

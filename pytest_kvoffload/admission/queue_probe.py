@@ -53,7 +53,8 @@ def queued_behind(endpoint: Endpoint, background: list[int], probe: list[int], l
                        {k: v for k, v in delta.extra.items() if v})
 
 
-def run_bursts(recorder: Recorder, backend, endpoint, lengths, fractions, step: int, rounds: int) -> dict:
+def run_bursts(recorder: Recorder, backend, endpoint, lengths, fractions, step: int, rounds: int,
+               first_round: int = 0) -> dict:
     """Per cell and round: the probe with its prefix only on disk, then a cold probe, each behind a fresh
     prompt two steps long. A declined load is recomputed, so the cold probe is what the static rule does
     whenever it declines."""
@@ -67,7 +68,7 @@ def run_bursts(recorder: Recorder, backend, endpoint, lengths, fractions, step: 
                                                 granularity))]
     tracker = Tracker(recorder.progress, f"queue bursts on {backend.name}", rounds * len(measured),
                       "cells x rounds", total_work=rounds * sum(length for length, _, _ in measured))
-    for r in range(rounds):
+    for r in range(first_round, first_round + rounds):
         for length, fraction, expected in measured:
             salt = f"{recorder.salt}|burst|{length}|{fraction}|{r}"
 

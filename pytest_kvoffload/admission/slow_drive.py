@@ -1,19 +1,25 @@
-"""The emulated drive and step budget of the admission suite, derived from this machine's measurements.
+"""The emulated drive of the admission suite and the frontier cells around its break-even prefix, all derived
+from this machine's measurements.
 
-The admission rule has something to decide only when some of the grid's loads pay and some do not, and
-the suite's controls need both kinds clearly (beyond its 10% cap): a hit clearly slower than recompute
-and one clearly faster. Where that happens depends on the CPU (prefill speed) and the drive, so the drive
-is emulated by the connector (`read_gbps`, and `read_latency_ms` per load) with both figures solved from
-measurements of this machine:
+Which drive makes a wrong decision visible on both sides of the break-even prefix p*? Write a load of p
+tokens as F + s p above the base cost (F its per-load latency and fixed cost, s its transfer seconds per
+token) and its recompute as r(p) = b p + c p^2. At p* they are equal; let phi = F / r(p*) be the latency's
+share of the load there. For a nearly linear recompute (c small beside b, as on a slow CPU):
 
-1. On the unthrottled kvoffload-disk server, measure cold, engine-hit and tier-hit cells of the grid
-   (two rounds each) and fit them (analysis.analyse): the recompute curve t(n) and the tier's own fixed
-   cost above a request's base cost.
-2. Ask that a load of the grid's smallest loadable prefix cost SLOW times its recompute, and of the
-   largest FAST times (analysis.load_and_recompute, the definition the rule uses). That is two linear
-   equations in the latency and the seconds per token. A bandwidth limit alone is not enough: where
-   prefill is nearly linear in length and fixed costs are small beside it (a slow CPU), a load then
-   costs nearly the same share of recompute at every length, and no cell clearly pays or clearly loses.
+    R(k p*) = load / recompute = phi / k + (1 - phi):   R(0.7 p*) = 1 + 0.43 phi,   R(1.4 p*) = 1 - 0.29 phi
+
+A bandwidth-bound drive (phi near 0) costs the same share of recompute at every prefix, so no decision is
+wrong by more than the noise anywhere; a latency-bound one (phi = 1) makes both directions visible and the
+most: admitting at 0.7 p* costs 43% (more where the recompute curves up), declining at 1.4 p* forgoes 29%.
+The drive is therefore all latency: the connector's `read_latency_ms` sized so that loading the target p*
+costs what recomputing it does on the measured curve, its bandwidth the drive's own (whose transfer time at
+these sizes is part of the fitted fixed cost). `frontier_drive` refuses a machine on which a wrong decision
+at 0.7 p* or 1.4 p* would cost less than twice the suite's cap.
+
+The target p* is half the session's longest length (so the frontier, up to 2 p*, fits the grid the prefill
+budget chose), in whole storage units. Frontier cells are then placed around the p* the control measures
+(`interpolated_break_even`, from its hit/cold ratios, not from the calibration the rule reads): a prefix of
+P tokens is a prompt of P + 1 tokens, all of it shared, so the hit loads P and recomputes one token.
 """
 
 from __future__ import annotations
@@ -22,70 +28,102 @@ import math
 from dataclasses import dataclass
 
 from pytest_kvoffload.core.costs import RecomputeFit, TierFit, break_even_prefix, load_and_recompute
-from pytest_kvoffload.measure.prompts import expected_cached, prefix_length
 
-SLOW = 2.0  # a load of the smallest prefix costs this many times its recompute
-FAST = 0.5  # and of the largest, this share
+# Multiples of p* the frontier cells sit at: close in on both sides, and one far on each.
+FRONTIER = (0.5, 0.7, 0.85, 1.2, 1.4, 2.0)
+# A wrong decision at 0.7 p* or 1.4 p* must cost at least this many times the suite's cap.
+VISIBLE = 2.0
 
 
 class SlowDriveError(RuntimeError):
-    """No emulated drive can give this grid both kinds of cell; the message says why."""
+    """No emulated drive gives this machine a frontier both kinds of error show on; the message says why."""
 
 
 @dataclass(frozen=True)
 class SlowDrive:
-    gbps: float
     latency_s: float
-    prefixes: tuple[int, ...]
-    break_even_prefix: float | None
+    target: int  # the p* the drive was sized for
+    early_cost: float  # R(0.7 p*) - 1 on the measured curve: what admitting too early costs
+    late_cost: float   # 1 - R(1.4 p*): what declining too late forgoes
 
     def options(self) -> dict:
         """The connector options that emulate this drive."""
-        return {"read_gbps": self.gbps, "read_latency_ms": round(self.latency_s * 1e3, 3)}
+        return {"read_latency_ms": round(self.latency_s * 1e3, 3)}
 
     def describe(self) -> str:
-        p = "-" if self.break_even_prefix is None else f"{self.break_even_prefix:,.0f}"
-        return (f"drive emulated at {self.gbps * 1e3:,.1f} MB/s with {self.latency_s * 1e3:,.1f} ms of latency a load, "
-                f"so that loading {self.prefixes[0]:,} tokens costs {SLOW:g}x their recompute and {self.prefixes[-1]:,} "
-                f"tokens {FAST:g}x (break-even near {p} tokens)")
+        return (f"drive emulated with {self.latency_s * 1e3:,.1f} ms of latency a load (bandwidth the drive's own), "
+                f"so that loading {self.target:,} tokens costs what recomputing them does; on the measured curve "
+                f"a load at 0.7 p* costs {self.early_cost:+.0%} over recompute, at 1.4 p* {-self.late_cost:+.0%}")
 
 
-def loadable_prefixes(lengths, fractions, block_size: int, granularity: int) -> tuple[int, ...]:
-    """The distinct numbers of tokens the grid's tier hits load (0 left out: nothing to decide)."""
-    found = {expected_cached(prefix_length(n, f), n, block_size, granularity) for n in lengths for f in fractions}
-    return tuple(sorted(p for p in found if p > 0))
+def ratio(p: float, recompute: RecomputeFit, fixed_s: float, seconds_per_token: float) -> float:
+    """Predicted tier hit / cold of a prompt of p + 1 tokens whose p-token prefix is loaded."""
+    load, saved = load_and_recompute(p, 0, recompute, fixed_s, seconds_per_token)
+    base = recompute(1)
+    return (base + load) / (base + saved)
 
 
-def slow_drive(prefixes: tuple[int, ...], recompute: RecomputeFit, fixed_s: float, kv_bytes_per_token: int) -> SlowDrive:
-    """The drive for which loads of prefixes[0] cost SLOW x and of prefixes[-1] FAST x their recompute.
+def frontier_drive(target: int, recompute: RecomputeFit, fixed_s: float, seconds_per_token: float,
+                   cap: float) -> SlowDrive:
+    """The latency that puts the break-even at `target` tokens; fixed_s, seconds_per_token: the unthrottled
+    tier's fitted figures (base cost included in fixed_s, as the rule reads it)."""
+    natural, saved = load_and_recompute(target, 0, recompute, fixed_s, seconds_per_token)
+    latency = saved - natural
+    if latency <= 0:
+        raise SlowDriveError(f"loading {target:,} tokens already costs {natural * 1e3:.0f} ms, more than the "
+                             f"{saved * 1e3:.0f} ms of recomputing them: no latency puts the break-even there; "
+                             "use longer --kv-lengths")
+    early = ratio(0.7 * target, recompute, fixed_s + latency, seconds_per_token) - 1
+    late = 1 - ratio(1.4 * target, recompute, fixed_s + latency, seconds_per_token)
+    if min(early, late) < VISIBLE * cap:
+        raise SlowDriveError(f"with the break-even at {target:,} tokens a wrong decision costs {early:.0%} at 0.7 p* "
+                             f"and {late:.0%} at 1.4 p*, less than {VISIBLE:g}x the {cap:.0%} cap: the recompute "
+                             "curve is too flat here for the suite to tell a wrong rule; use longer --kv-lengths")
+    return SlowDrive(latency, target, early, late)
 
-    fixed_s: the unthrottled tier's fixed cost as fitted (base cost included, as the rule reads it).
-    """
-    if len(prefixes) < 2:
-        raise SlowDriveError(f"the grid loads {len(prefixes)} prefix size(s) ({', '.join(map(str, prefixes)) or 'none'}); "
-                             "it needs two or more: use more --kv-lengths or --kv-fractions")
-    small, large = prefixes[0], prefixes[-1]
-    natural_small, saved_small = load_and_recompute(small, 0, recompute, fixed_s, 0.0)
-    natural_large, saved_large = load_and_recompute(large, 0, recompute, fixed_s, 0.0)
-    per_token = (FAST * saved_large - SLOW * saved_small) / (large - small)
-    if per_token <= 0:
-        raise SlowDriveError(
-            f"recomputing {large:,} tokens ({saved_large * 1e3:.0f} ms) costs less than {SLOW / FAST:g}x recomputing "
-            f"{small:,} ({saved_small * 1e3:.0f} ms): the grid's prefixes span too little; use a wider --kv-lengths")
-    latency = SLOW * saved_small - per_token * small - natural_small
-    if latency < 0:
-        # The tier's own fixed cost already makes the smallest load dear enough: no latency added, and the
-        # bandwidth alone brings the largest load to FAST x its recompute.
-        latency = 0.0
-        per_token = (FAST * saved_large - natural_large) / large
-        if per_token <= 0:
-            raise SlowDriveError(
-                f"a load of {large:,} tokens costs {natural_large * 1e3:.0f} ms before any transfer, more than "
-                f"{FAST:g}x the {saved_large * 1e3:.0f} ms of recomputing it: no drive makes loads pay here; "
-                "use longer --kv-lengths")
-    bandwidth = kv_bytes_per_token / per_token
-    p_star = break_even_prefix(TierFit(bandwidth, fixed_s + latency, 0), recompute, kv_bytes_per_token)
-    return SlowDrive(bandwidth / 1e9, latency, prefixes, None if math.isinf(p_star) else p_star)
+
+def design_target(lengths, unit: int) -> int:
+    """Half the longest length, in whole storage units (at least two units)."""
+    return max(2 * unit, max(lengths) // 2 // unit * unit)
+
+
+def frontier_prefixes(p_star: float, unit: int, multiples=FRONTIER) -> dict[int, float]:
+    """Prefix tokens in whole units at each multiple of p_star, {prefix: multiple}: below p* rounded down and
+    above it up (a cell never lands on the wrong side), the nearest first, pushed one unit further out where
+    two would share a prefix; below one unit dropped."""
+    out: dict[int, float] = {}
+    for k in sorted((k for k in multiples if k < 1), reverse=True):
+        p = math.floor(k * p_star / unit) * unit
+        while p in out:
+            p -= unit
+        if p >= unit:
+            out[p] = k
+    for k in sorted(k for k in multiples if k >= 1):
+        p = max(unit, math.ceil(k * p_star / unit) * unit)
+        while p in out:
+            p += unit
+        out[p] = k
+    return dict(sorted(out.items()))
+
+
+def interpolated_break_even(ratios: dict[int, float]) -> float | None:
+    """Where the control's median hit/cold ratio crosses 1, by linear interpolation between the two
+    prefixes around the last crossing from above to below (None: no crossing measured)."""
+    points = sorted(ratios.items())
+    crossing = None
+    for (p0, r0), (p1, r1) in zip(points, points[1:]):
+        if r0 > 1 >= r1:
+            crossing = p0 + (r0 - 1) / (r0 - r1) * (p1 - p0)
+    return crossing
+
+
+def planted_break_even(tier: TierFit, recompute: RecomputeFit, kv_bytes_per_token: int, scale: float,
+                       margin: float = 0.0) -> float:
+    """Where the static rule with its predicted load times `scale` starts to admit (its fixed cost above the
+    base cost and its transfer time both scaled), at the given margin."""
+    fixed = recompute.a + scale * (tier.fixed_s - recompute.a)
+    scaled = TierFit(tier.bandwidth_bps / scale, fixed, tier.points)
+    return break_even_prefix(scaled, recompute, kv_bytes_per_token, margin)
 
 
 def step_tokens(lengths, block_size: int) -> int:
@@ -93,3 +131,7 @@ def step_tokens(lengths, block_size: int) -> int:
     queue a probe waits behind (two steps) costs about one longest prefill on any CPU."""
     half = max(lengths) // 2
     return max(2 * block_size, -(-half // block_size) * block_size)
+
+
+def is_finite(x) -> bool:
+    return x is not None and math.isfinite(x)

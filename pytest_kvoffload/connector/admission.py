@@ -14,6 +14,9 @@ Modes (connector option `admission`):
   one, changes the decisions without recalibrating.
 - always / never: take every load / none (no calibration needed): the controls that show a check of
   the rule can fail, and a way to compare policies.
+- planted near misses (config.PLANTED_MODES), wrong on purpose so the admission suite can show it catches
+  a rule that is only a little wrong: static:scale=F (the predicted load times F), static:no-fixed (the
+  load's fixed cost ignored), queue:full-credit (the whole queue ahead counted as hidden load time).
 - queue (default): online, and a load that finishes while the request would be queued anyway is free.
   In a fluid model of a FCFS engine with W seconds of prefill work ahead of the request, recompute ends
   at W + t(p) + t(s) and a load of L seconds at max(L, W) + t(s): the load pays when L - e W <= t(p),
@@ -34,6 +37,7 @@ import numpy as np
 
 from pytest_kvoffload.core.costs import RecomputeFit, load_and_recompute
 from pytest_kvoffload.core.calibration import CalibrationError
+from pytest_kvoffload.connector.config import admission_mode
 from pytest_kvoffload.connector.counters import Counters
 
 log = logging.getLogger("pytest_kvoffload.connector")
@@ -48,9 +52,11 @@ class Admission:
     WINDOW = 32       # recent loads the online estimate is fitted on
 
     def __init__(self, tier: dict, kv_bytes_per_token: int, counters: Counters, mode: str = "queue") -> None:
-        if mode not in MODES or mode in FIXED_MODES:
+        parsed = admission_mode(mode)
+        if parsed.base in FIXED_MODES:
             raise ValueError(f"admission mode {mode!r}: a calibrated rule is one of static, online, queue")
-        self.mode = mode
+        self.mode = parsed.base
+        self.planted = parsed
         self.recompute = RecomputeFit(**tier["recompute"])
         gbps = tier.get("bandwidth_gbps")
         self.seconds_per_token = 0.0 if not gbps else kv_bytes_per_token / (gbps * 1e9)
@@ -98,8 +104,11 @@ class Admission:
         return self.kv_bytes_per_token / self.online_bps if self.online else self.seconds_per_token
 
     def predicted(self, load_tokens: int, local_tokens: int) -> tuple[float, float]:
-        return load_and_recompute(load_tokens, local_tokens, self.recompute, self.fixed_s,
-                                  self.transfer_seconds_per_token())
+        # static:no-fixed plants a rule blind to the load's fixed cost: it sees only the base cost a.
+        fixed = self.recompute.a if self.planted.no_fixed else self.fixed_s
+        load, recompute = load_and_recompute(load_tokens, local_tokens, self.recompute, fixed,
+                                             self.transfer_seconds_per_token())
+        return load * self.planted.scale, recompute
 
     def queue_wait(self, ahead: Iterable[tuple[int, int]]) -> float:
         """Seconds of prefill the engine runs before this request's own: (computed, prompt) per running request."""
@@ -111,7 +120,7 @@ class Admission:
         wait = 0.0
         if self.mode == "queue":
             load += loading_tokens * self.transfer_seconds_per_token()
-            wait = self.queue_overlap * self.queue_wait(ahead)
+            wait = (1.0 if self.planted.full_credit else self.queue_overlap) * self.queue_wait(ahead)
         # A predicted gain inside the calibration's noise is a coin flip: recompute, which is never slower.
         threshold = recompute * (1 - self.margin)
         admit = load - wait < threshold or math.isclose(load - wait, threshold)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,46 @@ DEFAULT_CHUNK_TOKENS = 256
 
 # The admission rule's modes (admission.py): the calibrated ones first, then the two fixed controls.
 ADMISSION_MODES = ("queue", "static", "online", "always", "never")
+# Planted rules, wrong on purpose, for the admission suite's near-miss controls (docs/admission.md): the
+# static rule with its predicted load cost times F, the static rule blind to the fixed cost, and the queue
+# rule crediting the whole queue ahead as hidden load time.
+PLANTED_MODES = ("static:scale=F", "static:no-fixed", "queue:full-credit")
+
+
+@dataclass(frozen=True)
+class AdmissionMode:
+    base: str  # one of ADMISSION_MODES
+    scale: float = 1.0
+    no_fixed: bool = False
+    full_credit: bool = False
+
+    @property
+    def planted(self) -> bool:
+        return self.scale != 1.0 or self.no_fixed or self.full_credit
+
+
+def admission_mode(text: str) -> AdmissionMode:
+    """An `admission` value read; ValueError, one line, when it is none of the modes or planted rules."""
+    valid = ", ".join(ADMISSION_MODES + PLANTED_MODES)
+    base, colon, planted = str(text).partition(":")
+    if base not in ADMISSION_MODES or (colon and not planted):
+        raise ValueError(f"admission {text!r} must be one of {valid}")
+    if not colon:
+        return AdmissionMode(base)
+    if base == "static" and planted == "no-fixed":
+        return AdmissionMode(base, no_fixed=True)
+    if base == "queue" and planted == "full-credit":
+        return AdmissionMode(base, full_credit=True)
+    key, _, value = planted.partition("=")
+    if base == "static" and key == "scale":
+        try:
+            scale = float(value)
+        except ValueError:
+            scale = 0.0
+        if scale > 0 and math.isfinite(scale):
+            return AdmissionMode(base, scale=scale)
+        raise ValueError(f"admission {text!r}: scale must be a number above 0, e.g. static:scale=1.5")
+    raise ValueError(f"admission {text!r} must be one of {valid}")
 
 
 FAULTS = ("zero", "shift", "alternate")
@@ -115,9 +156,10 @@ class ConnectorConfig:
         if load_mode not in ("async", "sync"):
             raise ConnectorConfigError(f"kvoffload connector: load_mode {load_mode!r} must be 'async' or 'sync'")
         admission = str(extra.get("admission", "queue"))
-        if admission not in ADMISSION_MODES:
-            raise ConnectorConfigError(
-                f"kvoffload connector: admission {admission!r} must be one of {', '.join(ADMISSION_MODES)}")
+        try:
+            admission_mode(admission)
+        except ValueError as exc:
+            raise ConnectorConfigError(f"kvoffload connector: {exc}") from None
         mismatch = str(extra.get("calibration_mismatch", "refuse"))
         if mismatch not in ("refuse", "accept"):
             raise ConnectorConfigError(

@@ -11,7 +11,8 @@ from urllib.parse import urlparse
 from pytest_kvoffload.core import machine
 from pytest_kvoffload.harness.backend_options import split_backends
 from pytest_kvoffload.core.calibration import CalibrationError, check_fingerprint, machine_fingerprint, read_calibration
-from pytest_kvoffload.connector.config import ADMISSION_MODES, ConnectorConfig, ConnectorConfigError
+from pytest_kvoffload.connector.config import (ADMISSION_MODES, PLANTED_MODES, ConnectorConfig,
+                                               ConnectorConfigError, admission_mode)
 from pytest_kvoffload.core.models import DTYPE_BYTES, ModelError, ModelInfo, load_model
 
 # What --kv-dtype accepts besides "auto" (the dtype this machine computes natively, machine.native_dtype).
@@ -91,8 +92,11 @@ def parse_positive_float(option: str, value, upper: float | None = None) -> floa
 
 
 def parse_admission(value: str) -> str:
-    if value not in ADMISSION_MODES:
-        raise OptionError(f"--kv-admission {value!r}: expected one of {', '.join(ADMISSION_MODES)}")
+    try:
+        admission_mode(value)
+    except ValueError:
+        raise OptionError(f"--kv-admission {value!r}: expected one of {', '.join(ADMISSION_MODES + PLANTED_MODES)} "
+                          "(F a number above 0, e.g. static:scale=1.5)") from None
     return value
 
 

@@ -69,8 +69,8 @@ OPTIONS = (
            "dtype of the model and its KV: auto (bfloat16 where the CPU computes it natively, float32 otherwise; "
            "the model's own on a GPU), bfloat16, float16 or float32"),
     Option("--kv-admission", "kv_admission",
-           "the rule the admission suite guards: queue (default), static, online, or the controls always / "
-           "never, with which the suite must fail"),
+           "the rule the admission suite guards: queue (default), static, online, or a control with which the "
+           "suite must fail: always, never, static:scale=F, static:no-fixed, queue:full-credit"),
     Option("--kv-page-cache", "kv_page_cache",
            "a buffered disk tier's files before each tier-only round: cold (dropped from the page cache, so "
            "hits read the disk; default) or warm (left cached: figures served from memory, flagged so)"),

@@ -1,57 +1,155 @@
-"""The admission suite's checks on recorded rounds: planted rules fail with the cells named, the real one passes."""
+"""The admission suite's judging on rounds from each rule: the connector's own rule object (static, and the
+planted near misses) decides each frontier cell of a latency-bound drive, the rounds carry the measured
+kind of noise, and judge.py must pass the real rule and fail every planted one, naming its cells."""
+
+
+import json
+from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload.admission.check import Grid, Round, missed_gains, paid_cells, slower_hits
+from pytest_kvoffload.admission import judge
+from pytest_kvoffload.admission.slow_drive import (FRONTIER, SlowDriveError, frontier_drive, frontier_prefixes,
+                                                   interpolated_break_even, planted_break_even, ratio, step_tokens)
+from pytest_kvoffload.connector.admission import Admission, FixedAdmission
+from pytest_kvoffload.connector.config import admission_mode
+from pytest_kvoffload.connector.counters import Counters
+from pytest_kvoffload.core.costs import RecomputeFit, TierFit, break_even_prefix
 from pytest_kvoffload.measure.paired import median_bound, verdict, within_cap
 
-# A control grid as the slowed drive makes it: short prefixes cost more to load than to recompute,
-# long ones pay (median ratios 1.25 and 0.70), one cell near the tie.
-CONTROL_RATIOS = {(1024, 0.5): 1.25, (1024, 1.0): 1.02, (2048, 1.0): 0.70}
+KV = 4096
+RECOMPUTE = RecomputeFit(0.02, 1.8e-4, 0.0)  # this VM in bf16: nearly linear
+SPT = 1e-7                                   # the drive's own transfer seconds per token, small
+BLOCK = 128
+TARGET = 640
 
 
-def rounds(ratio, admitted, n=5, jitter=0.02):
-    return [Round(hit_s=ratio * (1 + jitter * (i - n // 2) / n), cold_s=1.0, tier_tokens=512 if admitted else 0,
-                  admitted=admitted, declined=not admitted) for i in range(n)]
+def drive():
+    return frontier_drive(TARGET, RECOMPUTE, 0.025, SPT, judge.CAP)
 
 
-def grid(decide) -> Grid:
-    """The grid a rule produces: an admitted cell measures the control's ratio, a declined one recomputes (~1)."""
-    g = Grid("kvoffload-disk[admission]")
-    for key, ratio in CONTROL_RATIOS.items():
-        admitted = decide(ratio)
-        g.cells[key] = rounds(ratio if admitted else 1.0, admitted)
-    return g
+def tier(margin=0.02) -> dict:
+    """The calibration the control's cells would give: the fitted fixed cost holds the emulated latency."""
+    return {"recompute": {"a": RECOMPUTE.a, "b": RECOMPUTE.b, "c": RECOMPUTE.c}, "bandwidth_gbps": KV / SPT / 1e9,
+            "fixed_s": 0.025 + drive().latency_s, "margin": margin}
 
 
-CONTROL = grid(lambda ratio: True)
-REAL = grid(lambda ratio: ratio < 0.9)          # loads only what pays by a margin
-ALWAYS = grid(lambda ratio: True)
-NEVER = grid(lambda ratio: False)
-INVERTED = grid(lambda ratio: ratio >= 0.9)     # takes exactly the loads that do not pay
+def rule(mode: str):
+    if mode in ("always", "never"):
+        return FixedAdmission(mode, Counters())
+    return Admission(tier(), KV, Counters(), mode)
+
+
+def rounds_of(mode: str, n=5, jitter=0.03) -> tuple[dict, dict]:
+    """Each frontier cell's decisions under `mode`: true ratios from the drive, +-jitter noise by round."""
+    fixed = tier()["fixed_s"]
+    cells, multiples = {}, {}
+    for prefix, k in frontier_prefixes(TARGET, BLOCK, FRONTIER).items():
+        true = ratio(prefix, RECOMPUTE, fixed, SPT)
+        admitted = rule(mode)(prefix, prefix + 1, 0)
+        noise = [1 + jitter * ((i * 7) % 5 - 2) / 2 for i in range(n)]
+        cells[prefix] = [judge.Decision(admitted, true * e if admitted else e, true / e, e) for e in noise]
+        multiples[prefix] = prefix / TARGET
+    return cells, multiples
 
 
 def test_the_real_rule_passes():
-    assert not slower_hits(REAL) and not missed_gains(CONTROL, REAL)
+    cells, multiples = rounds_of("static")
+    assert judge.failures(judge.judge(cells, multiples, margin=0.02)) == []
 
 
-def test_always_is_caught_with_the_slower_cell_named():
-    found = slower_hits(ALWAYS)
-    assert len(found) == 1 and found[0].startswith("1024 tokens, 0.5 cached") and "median ratio 1.25" in found[0]
+@pytest.mark.parametrize("mode, wrong_side", [
+    ("always", "below"), ("static:no-fixed", "below"), ("static:scale=0.67", "below"),
+    ("never", "above"), ("static:scale=1.5", "above"),
+])
+def test_every_planted_rule_fails_naming_its_cells(mode, wrong_side):
+    cells, multiples = rounds_of(mode)
+    failed = [v for v in judge.judge(cells, multiples, margin=0.02) if v.failed]
+    assert failed, f"{mode} passed"
+    assert all((v.multiple < 1) == (wrong_side == "below") for v in failed), [v.describe() for v in failed]
+    assert all(f"{v.prefix:,} tokens" in v.describe() for v in failed)
 
 
-def test_never_is_caught_with_the_paying_cell_named():
-    found = missed_gains(CONTROL, NEVER)
-    assert len(found) == 1 and found[0].startswith("2048 tokens, 1 cached") and "declined 5 of 5" in found[0]
-    assert not slower_hits(NEVER)  # why the no-slower check alone could not see it
+def test_a_rule_wrong_in_two_rounds_of_five_fails_and_in_one_does_not():
+    right = judge.Decision(False, 1.0, 1.2, 1.0)
+    wrong = judge.Decision(True, 1.3, 1.3, 1.0)
+    # p0 as 30 quiet rounds measure it ((0 + 1) / 32)
+    two = judge.judge({512: [wrong, wrong, right, right, right]}, {512: 0.8}, margin=0.02, p0=1 / 32)
+    one = judge.judge({512: [wrong, right, right, right, right]}, {512: 0.8}, margin=0.02, p0=1 / 32)
+    assert two[0].failed and not one[0].failed
 
 
-def test_inverted_is_caught_both_ways():
-    assert slower_hits(INVERTED) and missed_gains(CONTROL, INVERTED)
+def test_noise_measured_from_the_cold_pairs_widens_what_is_allowed():
+    assert judge.allowed_wrong(5, 1 / 32) == 1
+    assert judge.allowed_wrong(5, 0.3) >= 3
+    quiet = {p: [judge.Decision(True, 1.0, 1.0 + 0.01 * (i % 3 - 1), 1.0) for i in range(5)] for p in range(6)}
+    noisy = {p: [judge.Decision(True, 1.0, 1.0 + 0.3 * (i % 3 - 1), 1.0) for i in range(5)] for p in range(6)}
+    assert judge.noise(quiet)[0] < judge.noise(noisy)[0]
+    assert judge.detectable_slowdown(5, 1, judge.noise(quiet)[1]) < judge.detectable_slowdown(5, 1, judge.noise(noisy)[1])
 
 
-def test_the_controls_show_both_kinds_of_cell():
-    assert slower_hits(CONTROL) and paid_cells(CONTROL) == [(2048, 1.0)]
+def test_a_decline_is_wrong_only_past_the_margin_and_the_cap():
+    assert not judge.Decision(False, 1.0, 0.89, 1.0).wrong(margin=0.02)
+    assert judge.Decision(False, 1.0, 0.87, 1.0).wrong(margin=0.02)
+    assert not judge.Decision(True, 1.09, 1.0, 1.0).wrong(margin=0.02)
+    assert judge.Decision(True, 1.11, 1.0, 1.0).wrong(margin=0.02)
+
+
+@pytest.mark.parametrize("recompute, fixed", [
+    (RecomputeFit(0.02, 1.8e-4, 0.0), 0.025),   # this VM in bf16: nearly linear, fixed costs visible
+    (RecomputeFit(0.01, 1e-4, 2e-8), 0.03),     # quadratic attention
+    (RecomputeFit(0.3, 1.2e-3, 8e-8), 0.32),    # an AVX2-only CPU in float32: prefill dwarfs fixed costs
+])
+def test_the_latency_bound_drive_puts_p_star_at_the_target_with_both_errors_visible(recompute, fixed):
+    d = frontier_drive(TARGET, recompute, fixed, SPT, judge.CAP)
+    assert ratio(TARGET, recompute, fixed + d.latency_s, SPT) == pytest.approx(1.0, abs=0.02)
+    assert d.early_cost >= 2 * judge.CAP and d.late_cost >= 2 * judge.CAP
+    p = break_even_prefix(TierFit(KV / SPT, fixed + d.latency_s, 0), recompute, KV)
+    assert p == pytest.approx(TARGET, rel=0.02)
+    assert d.options() == {"read_latency_ms": round(d.latency_s * 1e3, 3)}
+
+
+def test_no_drive_where_the_tier_already_costs_more_than_recompute():
+    with pytest.raises(SlowDriveError, match="no latency puts the break-even there"):
+        frontier_drive(256, RecomputeFit(0.01, 1e-5, 0.0), 0.5, SPT, judge.CAP)
+
+
+def test_frontier_cells_sit_on_the_right_side_in_whole_blocks():
+    cells = frontier_prefixes(590, BLOCK)
+    assert all(p % BLOCK == 0 for p in cells)
+    assert all((p < 590) == (k < 1) for p, k in cells.items())
+    assert len(cells) == len(FRONTIER)
+
+
+def test_p_star_interpolated_from_the_control_ratios():
+    assert interpolated_break_even({256: 1.5, 512: 1.1, 768: 0.9, 1024: 0.7}) == pytest.approx(640)
+    assert interpolated_break_even({256: 0.9, 512: 0.8}) is None
+
+
+def test_the_scale_1_5_rule_starts_later_than_the_real_one():
+    t = tier()
+    fit = TierFit(t["bandwidth_gbps"] * 1e9, t["fixed_s"], 0)
+    assert planted_break_even(fit, RECOMPUTE, KV, 1.5) > 1.3 * break_even_prefix(fit, RECOMPUTE, KV, 0.02)
+
+
+def test_planted_modes_parse_and_bad_ones_are_one_line_errors():
+    assert admission_mode("static:scale=0.67").scale == 0.67
+    assert admission_mode("static:no-fixed").no_fixed and admission_mode("queue:full-credit").full_credit
+    for bad in ("static:scale=0", "static:scale=x", "queue:no-fixed", "static:", "sometimes"):
+        with pytest.raises(ValueError, match="admission"):
+            admission_mode(bad)
+
+
+def test_full_credit_admits_behind_a_queue_what_the_measured_overlap_declines():
+    t = {**tier(), "queue_overlap": 0.0}
+    ahead = [(0, 1280)]
+    assert not Admission(t, KV, Counters(), "queue")(256, 257, 0, ahead=ahead)
+    assert Admission(t, KV, Counters(), "queue:full-credit")(256, 257, 0, ahead=ahead)
+
+
+def test_step_tokens_half_the_longest_prompt_in_whole_blocks():
+    assert step_tokens((512, 1536), 128) == 768
+    assert step_tokens((256,), 128) == 256
 
 
 def test_a_13_percent_slowdown_is_caught_whatever_the_noise():
@@ -81,10 +179,34 @@ def test_engines_twice_as_fast_with_a_connector_are_not_equal():
     assert within_cap([276 / 262, 271 / 262, 304 / 263, 262 / 270, 280 / 265])
 
 
-def test_cells_that_look_slower_but_are_undecided_get_more_rounds_not_more_tolerance():
-    from pytest_kvoffload.admission.check import undecided_slower
+RECORDED = sorted((Path(__file__).parents[1] / "fixtures" / "admission").glob("*.json"))
 
-    g = Grid("x")
-    g.cells[(1024, 1.0)] = [Round(r, 1.0, 512, True, False) for r in (0.95, 1.02, 1.06, 1.07, 1.2)]
-    g.cells[(2048, 1.0)] = [Round(r, 1.0, 512, True, False) for r in (0.9, 0.97, 1.0, 1.02, 1.05)]
-    assert undecided_slower(g) == [(1024, 1.0)]
+
+def recorded(path: Path) -> tuple[dict, list, list]:
+    data = json.loads(path.read_text())
+
+    def cells(part, declines=True):
+        decisions = {int(p): [judge.Decision(*d) for d in c["decisions"]] for p, c in data[part].items()}
+        multiples = {int(p): c["multiple"] for p, c in data[part].items()}
+        return judge.judge(decisions, multiples, data["margin"], declines=declines)
+    return data, cells("frontier"), cells("queue", declines=data["mode"].startswith("queue"))
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=[p.stem for p in RECORDED])
+def test_recorded_rounds_of_each_rule_are_judged_as_the_suite_judged_them(path):
+    """Rounds recorded by the admission suite on this VM (the fixture's `source` is the command): the real
+    rule passes, each planted rule fails, naming cells on the side it is wrong on."""
+    data, frontier, queue = recorded(path)
+    failed = judge.failures(frontier) + judge.failures(queue)
+    if data["mode"] in ("queue", "static"):
+        assert not failed, failed
+    elif data["mode"] in ("always", "static:no-fixed", "static:scale=0.67"):
+        assert failed and all(v.multiple < 1 for v in frontier + queue if v.failed), failed
+    elif data["mode"] in ("never", "static:scale=1.5"):
+        assert failed and all(v.multiple > 1 for v in frontier + queue if v.failed), failed
+    elif data["mode"] == "queue:full-credit":
+        # Measured, not planted away: behind a queue on this VM the loads do hide (the control's overlap
+        # 0.66 to 0.74), so crediting the whole queue took the same loads as the measured overlap did, and
+        # none was slower: docs/admission.md, "What it cannot prove".
+        _, _, real = recorded(path.with_name("queue.json"))
+        assert not failed and [v.admitted for v in queue] == [v.admitted for v in real]

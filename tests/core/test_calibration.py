@@ -128,8 +128,10 @@ def test_static_mode_gives_no_credit_for_queueing():
 
 
 def test_unknown_admission_mode_is_refused():
-    with pytest.raises(ValueError, match="admission mode 'fast': a calibrated rule is one of static, online, queue"):
+    with pytest.raises(ValueError, match="admission 'fast' must be one of queue, static, online"):
         Admission(TIER, 4096, Counters(), mode="fast")
+    with pytest.raises(ValueError, match="admission mode 'always': a calibrated rule is one of static, online, queue"):
+        Admission(TIER, 4096, Counters(), mode="always")
 
 
 def test_queue_credit_is_the_measured_share_of_the_queue():

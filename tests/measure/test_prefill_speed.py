@@ -3,8 +3,6 @@
 import pytest
 
 from pytest_kvoffload.core import machine
-from pytest_kvoffload.core.costs import RecomputeFit, load_and_recompute
-from pytest_kvoffload.admission.slow_drive import SlowDriveError, loadable_prefixes, slow_drive, step_tokens
 from pytest_kvoffload.measure.prefill_speed import PrefillSpeed, lengths_within, probe_lengths
 
 AVX2_ONLY = "fpu sse4_2 avx avx2 fma"
@@ -64,37 +62,3 @@ def test_lengths_beyond_the_prefill_budget_are_left_out():
     assert lengths_within((512, 4096), slow, None) == (512, 4096)
 
 
-@pytest.mark.parametrize("recompute,fixed", [
-    (RecomputeFit(0.02, 1.8e-4, 0.0), 0.05),     # this VM in bf16: nearly linear, fixed costs visible
-    (RecomputeFit(0.01, 1e-4, 2e-8), 0.03),      # quadratic attention
-    (RecomputeFit(0.3, 1.2e-3, 8e-8), 0.32),     # an AVX2-only CPU in float32: prefill dwarfs fixed costs
-    (RecomputeFit(0.02, 1.8e-4, 0.0), 0.3),      # a tier whose own fixed cost is large: no latency added
-])
-def test_the_emulated_drive_makes_the_smallest_load_dear_and_the_largest_pay(recompute, fixed):
-    prefixes = loadable_prefixes((512, 1024, 2048, 4096), (0.5, 1.0), 128, 256)
-    assert prefixes == (256, 384, 512, 896, 1024, 1920, 2048, 3968)
-    drive = slow_drive(prefixes, recompute, fixed, 4096)
-    per_token = 4096 / (drive.gbps * 1e9)
-
-    def share(p):  # what a load costs, as a share of recomputing it (the rule's definition)
-        load, saved = load_and_recompute(p, 0, recompute, fixed + drive.latency_s, per_token)
-        return load / saved
-
-    assert share(256) == pytest.approx(2.0, rel=1e-6) or (drive.latency_s == 0 and share(256) > 2.0)
-    assert share(3968) == pytest.approx(0.5, rel=1e-6)
-    assert 256 < drive.break_even_prefix < 3968
-    assert drive.options() == {"read_gbps": drive.gbps, "read_latency_ms": round(drive.latency_s * 1e3, 3)}
-
-
-def test_no_drive_when_the_grid_cannot_show_both_kinds_of_cell():
-    with pytest.raises(SlowDriveError, match="span too little"):
-        slow_drive((256, 384), RecomputeFit(0.01, 1e-4, 0.0), 0.02, 4096)
-    with pytest.raises(SlowDriveError, match="no drive makes loads pay here"):
-        slow_drive((256, 3968), RecomputeFit(0.01, 1e-5, 0.0), 0.5, 4096)
-    with pytest.raises(SlowDriveError, match="needs two or more"):
-        slow_drive((512,), RecomputeFit(0.01, 1e-4, 0.0), 0.02, 4096)
-
-
-def test_step_tokens_half_the_longest_prompt_in_whole_blocks():
-    assert step_tokens((512, 1536), 128) == 768
-    assert step_tokens((256,), 128) == 256
