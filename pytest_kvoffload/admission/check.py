@@ -200,6 +200,16 @@ def too_noisy(tier: dict, kv_bytes: int) -> str | None:
 
 def run_admission(recorder: Recorder, servers: Servers, backend: Backend, mode: str, rounds: int) -> AdmissionRun:
     """Drive, calibration, judged frontier and queue (the module's doc)."""
+    # The unthrottled server, the control and the guarded one up together: the first is reused by later
+    # suites, and stopping it to make room would cost a start-up.
+    servers.room(3)
+    try:
+        return judged_run(recorder, servers, backend, mode, rounds)
+    finally:
+        servers.room(None)
+
+
+def judged_run(recorder: Recorder, servers: Servers, backend: Backend, mode: str, rounds: int) -> AdmissionRun:
     settings = recorder.settings
     block, kv_bytes = settings.block_size, settings.kv_bytes_per_token
     drive, target = probe_drive(recorder, servers, backend, judge.CAP)

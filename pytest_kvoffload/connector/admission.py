@@ -22,7 +22,8 @@ Modes (connector option `admission`):
   at W + t(p) + t(s) and a load of L seconds at max(L, W) + t(s): the load pays when L - e W <= t(p),
   where e, the share of the queue a load really progresses in, is measured by the calibration sweep
   (`queue_overlap`; absent means 0, no credit). vLLM starts async loads after launching the step's
-  forward pass: at once on a GPU, after the computation on the CPU build, where e measures near 0.
+  forward pass: at once on a GPU, after the computation on the CPU build (e measured 0.66 to 0.80 there
+  with the admission suite's latency-bound drive: docs/admission.md).
   W counts only the running requests' remaining prefill (their decodes and the step overhead would make
   it larger), and L counts the loads already in flight ahead of this one: both err towards recompute.
 """

@@ -76,7 +76,8 @@ class KVSession:
                                  before_tier_read=self.prepare_tier_read, lengths=lambda: self.lengths,
                                  cells=self.cells, environment=lambda: self.run_record().environment,
                                  run_dir=self.run_dir, add_benchmark=self.add_benchmark)
-        self.servers = Servers(endpoint=self.endpoint, release=self.pool.release)
+        self.servers = Servers(endpoint=self.endpoint, release=self.pool.release, room=self.room)
+        self._pool_size = self.pool.max_running
 
     def add_phase(self, name: str, seconds: float) -> None:
         self.phases[name] = self.phases.get(name, 0.0) + seconds
@@ -165,6 +166,10 @@ class KVSession:
             self.measure_speed(backend.name, server)
             self.add_phase("warm-ups and prefill-speed probes", time.monotonic() - clock)
         return server
+
+    def room(self, servers: int | None) -> None:
+        """Servers kept running at once: at least `servers`, or the session's own limit again (None)."""
+        self.pool.max_running = self._pool_size if servers is None else max(self._pool_size, servers)
 
     def prepare_tier_read(self, name: str) -> dict | None:
         """Before a tier-only round of a buffered disk tier: its files dropped from the page cache (or,

@@ -39,7 +39,14 @@ class Recorder:
     add_benchmark: Callable[[str, str, dict], None] = lambda name, text, data: None
 
 
+def _no_room(servers: int | None) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Servers:
     endpoint: Callable[[Backend], Endpoint]
     release: Callable[[str], None]
+    # Keep up to this many servers running at once (None: back to the session's own limit): the admission
+    # suite needs its control and guarded servers up together without stopping the one a later test reuses.
+    room: Callable[[int | None], None] = _no_room
