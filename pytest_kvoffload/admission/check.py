@@ -24,7 +24,7 @@ from pytest_kvoffload.admission import judge
 from pytest_kvoffload.admission.queue_probe import burst_table, measured_overlap, run_bursts
 from pytest_kvoffload.admission.slow_drive import (FRONTIER, SlowDrive, SlowDriveError, design_target,  # noqa: F401
                                                    frontier_drive, frontier_prefixes, interpolated_break_even,
-                                                   planted_break_even, ratio, step_tokens)
+                                                   planted_break_even, ratio, seconds_per_token, step_tokens)
 from pytest_kvoffload.core.calibration import build_calibration, write_calibration
 from pytest_kvoffload.core.costs import RecomputeFit, TierFit
 from pytest_kvoffload.core.progress import Tracker
@@ -149,11 +149,9 @@ def probe_drive(recorder: Recorder, servers: Servers, backend: Backend, cap: flo
     fit = analyse(recorder.cells(backend.name, purpose="drive-probe"), kv_bytes, {backend.name: backend.tier})
     entry = fit[backend.name]
     tier = entry.get("tier") or {}
-    gbps = tier.get("bandwidth_gbps")
-    seconds_per_token = kv_bytes / (gbps * 1e9) if gbps else 0.0
     target = design_target(lengths, settings.block_size)
-    drive = frontier_drive(target, RecomputeFit(**entry["recompute"]), tier.get("fixed_s", 0.0), seconds_per_token,
-                           judge.CAP)
+    drive = frontier_drive(target, RecomputeFit(**entry["recompute"]), tier.get("fixed_s", 0.0),
+                           seconds_per_token(tier.get("bandwidth_gbps"), kv_bytes), judge.CAP)
     recorder.progress(f"admission: {drive.describe()}")
     return drive, target
 
@@ -273,7 +271,7 @@ def judged_run(recorder: Recorder, servers: Servers, backend: Backend, mode: str
 def frontier_table(run: AdmissionRun) -> str:
     tier = run.tier
     recompute = RecomputeFit(**tier["recompute"])
-    spt = run_seconds_per_token(tier, run)
+    spt = seconds_per_token(tier.get("bandwidth_gbps"), run.calibration["fingerprint"]["kv_bytes_per_token"])
     rows = ["prefix  x p*   predicted  control  guarded  admitted  wrong  noise allows  detects from"]
     for v in run.verdicts:
         predicted = ratio(v.prefix, recompute, tier["fixed_s"], spt)
@@ -282,14 +280,6 @@ def frontier_table(run: AdmissionRun) -> str:
         rows.append(f"{v.prefix:<7,} {v.multiple:<6.2f} {predicted:<10.2f} {control:<8.2f} {guarded:<8.2f} "
                     f"{v.admitted}/{len(v.decisions):<7} {v.wrong:<6} {v.allowed:<13} {v.detectable:.0%}")
     return "\n".join(rows)
-
-
-def run_seconds_per_token(tier: dict, run: AdmissionRun) -> float:
-    return 0.0 if not tier.get("bandwidth_gbps") else run_kv_bytes(run) / (tier["bandwidth_gbps"] * 1e9)
-
-
-def run_kv_bytes(run: AdmissionRun) -> int:
-    return run.calibration["fingerprint"]["kv_bytes_per_token"]
 
 
 def summary(run: AdmissionRun) -> str:

@@ -133,5 +133,6 @@ def step_tokens(lengths, block_size: int) -> int:
     return max(2 * block_size, -(-half // block_size) * block_size)
 
 
-def is_finite(x) -> bool:
-    return x is not None and math.isfinite(x)
+def seconds_per_token(gbps: float | None, kv_bytes_per_token: int) -> float:
+    """A tier's transfer seconds per token from its fitted GB/s (0: unresolved, no measurable transfer)."""
+    return kv_bytes_per_token / (gbps * 1e9) if gbps else 0.0

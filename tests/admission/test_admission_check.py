@@ -126,6 +126,17 @@ def test_p_star_interpolated_from_the_control_ratios():
     assert interpolated_break_even({256: 0.9, 512: 0.8}) is None
 
 
+def test_a_margin_as_wide_as_a_1_5x_error_is_called_too_noisy():
+    from pytest_kvoffload.admission.check import too_noisy
+
+    t = tier()
+    fit = TierFit(t["bandwidth_gbps"] * 1e9, t["fixed_s"], 0)
+    quiet = {**t, "enforced_break_even_prefix_tokens": break_even_prefix(fit, RECOMPUTE, KV, 0.02)}
+    noisy = {**t, "enforced_break_even_prefix_tokens": break_even_prefix(fit, RECOMPUTE, KV, 0.5)}
+    assert too_noisy(quiet, KV) is None
+    assert "too noisy" in too_noisy(noisy, KV)
+
+
 def test_the_scale_1_5_rule_starts_later_than_the_real_one():
     t = tier()
     fit = TierFit(t["bandwidth_gbps"] * 1e9, t["fixed_s"], 0)
