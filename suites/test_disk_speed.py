@@ -4,7 +4,7 @@ asserts), the sources of every hit asserted. What is measured and how to read it
 import pytest
 
 from pytest_kvoffload.drive.disk_speed import DiskSpeed
-from pytest_kvoffload.serve.builtin_backends import kvoffload_store_dir
+from pytest_kvoffload.serve.builtin_backends import kvoffload_chunk_tokens, kvoffload_store_dir
 
 pytestmark = pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
 
@@ -13,7 +13,7 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     if kv_backend.name not in kv_settings.backends:
         pytest.skip(f"{kv_backend.name} is not among --kv-backend")
     speed = DiskSpeed(kv_server, kvoffload_store_dir(kv_session.context(kv_backend)), kv_settings,
-                      tuple(kv_session.lengths), kv_backend.granularity(kv_settings), kv_session.salt,
+                      tuple(kv_session.lengths), kvoffload_chunk_tokens(kv_settings), kv_session.salt,
                       kv_session.progress).run()
     kv_session.add_benchmark("kvoffload-disk speed", speed.text, speed.figures)
     assert not speed.problems, "; ".join(speed.problems)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_kvoffload.connector.io_threads import MAX_SLICE_US, MIN_SLICE_US
+from pytest_kvoffload.connector.store import MAX_BLOCKS
 
 DEFAULT_CHUNK_TOKENS = 256
 
@@ -120,7 +121,7 @@ class ConnectorConfig:
     load_mode: str = "async"
     admission: str = "queue"  # static | online | queue (need `calibration`) | always | never: see admission.py
     # Test-only fault injection: load wrong KV that passes every file check, to prove output checks see it.
-    # zero: loaded blocks zeroed; shift: each block gets its chunk's previous block; alternate: by turns.
+    # zero: loaded blocks zeroed; shift: each block gets its file's previous block; alternate: by turns.
     fault: str | None = None
 
     @classmethod
@@ -140,6 +141,10 @@ class ConnectorConfig:
             raise ConnectorConfigError(
                 f"kvoffload connector: chunk_tokens {chunk} must be a positive multiple of the block size {block_size}"
             )
+        if chunk // block_size > MAX_BLOCKS:
+            raise ConnectorConfigError(
+                f"kvoffload connector: chunk_tokens {chunk} is {chunk // block_size} blocks of {block_size}; a chunk "
+                f"file's header keys at most {MAX_BLOCKS} blocks (chunk_tokens up to {MAX_BLOCKS * block_size})")
         threads = _number(extra, "io_threads", int, 2, "a whole number of threads")
         if threads < 1:
             raise ConnectorConfigError(f"kvoffload connector: io_threads {threads} must be at least 1")

@@ -46,9 +46,12 @@ COUNTERS = {
     "requests_not_keyed": "requests neither saved nor loaded: their KV depends on more than tokens (multimodal, embeddings)",
     "lookups_deferred": "requests told to wait while another request loaded the same chunks (read once, not twice)",
     "loads_admitted_queued": "prefix loads admitted only because they finish while the request would queue anyway",
+    "prompt_tokens_computed": "prompt tokens the engine computed itself (a fully loaded prompt: its last token)",
+    "chunks_superseded": "chunk files removed once a newer file held all their blocks (a prompt's short last chunk)",
 }
 FLAGS = {"direct_io": "1 when the store uses O_DIRECT, 0 when buffered with cached pages dropped",
-         "online_read_gbps": "the admission rule's running estimate of delivered read bandwidth, GB/s"}
+         "online_read_gbps": "the admission rule's running estimate of delivered read bandwidth, GB/s",
+         "chunks_old_format": "chunk files of an older format found in the store at start: not read (index.py)"}
 PREFIX = "kvoffload:"
 
 # Seconds and bytes of single operations, exported as Prometheus histograms beside the totals (vLLM's

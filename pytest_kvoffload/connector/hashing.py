@@ -1,4 +1,4 @@
-"""Chained chunk keys: a chunk's key depends on every token up to and including it.
+"""Chained block keys: a block's key depends on every token up to and including it.
 
 blake2b, not Python's hash(): keys must agree between the scheduler and worker processes and across
 server restarts. The root folds in everything that makes stored KV incompatible (model, dtype, block
@@ -19,14 +19,14 @@ def key_root(fingerprint: str) -> bytes:
     return hashlib.blake2b(fingerprint.encode(), digest_size=KEY_BYTES).digest()
 
 
-def chunk_keys(token_ids: Sequence[int], chunk_tokens: int, root: bytes) -> list[str]:
-    """Keys of the full chunks of `token_ids`, in order; a trailing partial chunk has none."""
+def block_keys(token_ids: Sequence[int], block_tokens: int, root: bytes) -> list[str]:
+    """Keys of the full KV blocks of `token_ids`, in order; a trailing partial block has none."""
     tokens = np.asarray(token_ids, dtype="<i8")
     keys = []
     previous = root
-    for start in range(0, len(tokens) - chunk_tokens + 1, chunk_tokens):
+    for start in range(0, len(tokens) - block_tokens + 1, block_tokens):
         digest = hashlib.blake2b(previous, digest_size=KEY_BYTES)
-        digest.update(tokens[start:start + chunk_tokens].tobytes())
+        digest.update(tokens[start:start + block_tokens].tobytes())
         previous = digest.digest()
         keys.append(previous.hex())
     return keys

@@ -10,10 +10,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 @dataclass
 class ChunkBlocks:
-    """Blocks of one stored chunk: (index of the block within the chunk, the engine's block id)."""
+    """Blocks to load from one chunk file: (position of the block in the file, the engine's block id)."""
 
     key: str
     blocks: list[tuple[int, int]]
+    count: int | None = None  # blocks the file holds (None: a whole chunk)
 
 
 @dataclass
@@ -26,10 +27,11 @@ class LoadJob:
 @dataclass
 class SaveJob:
     req_id: str
-    key: str
-    block_ids: list[int]  # every block of the chunk, in order
-    index: int = 0  # the chunk's position in the prompt (recorded in the file header)
+    key: str  # the file's: its last block's key
+    block_ids: list[int]  # the engine's ids of every block the file holds, in order
+    first_block: int = 0  # the position of its first block in the prompt (recorded in the file header)
     generation: int = 0  # the index's generation when announced (index.ChunkIndex.reset)
+    block_keys: list[str] | None = None  # each block's key (None: the file is one unit keyed by `key`)
 
 
 @dataclass

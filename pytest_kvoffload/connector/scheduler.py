@@ -1,7 +1,8 @@
-"""The scheduler half: which prefix chunks to load, which finished chunks to save.
+"""The scheduler half: which stored blocks of a prompt to load, which finished chunks to save.
 
-Runs in the engine-core process. What is stored is the index's (index.ChunkIndex) to say; the worker half
-moves the bytes.
+Runs in the engine-core process. Prefixes are matched block by block and saved a chunk (up to
+`chunk_tokens`) at a time, a prompt's last chunk with the whole blocks it has. What is stored is the index's
+(index.ChunkIndex) to say; the worker half moves the bytes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from pytest_kvoffload.connector.config import ConnectorConfig
-from pytest_kvoffload.connector.hashing import chunk_keys, request_key_root
+from pytest_kvoffload.connector.hashing import block_keys, request_key_root
 from pytest_kvoffload.connector.index import ChunkIndex
 from pytest_kvoffload.connector.metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
 
@@ -31,7 +32,7 @@ class _Tracked:
     """A request the scheduler may save chunks of."""
 
     prompt: list[int]
-    keys: list[str]
+    keys: list[str]  # of the prompt's whole blocks
     block_ids: list[int] = field(default_factory=list)
     next_chunk: int = 0
     computed: int = 0  # prompt tokens computed once the last scheduled step ends
@@ -69,7 +70,7 @@ class SchedulerSide:
         self._deferred: set[str] = set()  # requests told to wait for another's load (counted once)
 
     def _keys_for(self, request) -> list[str]:
-        """The request's chunk keys, made at its first lookup (vLLM looks every request up before it is
+        """The request's block keys, made at its first lookup (vLLM looks every request up before it is
         scheduled); none for a request that cannot be keyed (hashing.request_key_root), which is then neither
         saved nor loaded."""
         keys = self._keys.get(request.request_id)
@@ -84,7 +85,7 @@ class SchedulerSide:
                 if self.counters is not None:
                     self.counters.add("requests_not_keyed")
             else:
-                keys = chunk_keys(list(request.prompt_token_ids or []), self.chunk, root)
+                keys = block_keys(list(request.prompt_token_ids or []), self.block_size, root)
             self._keys[request.request_id] = keys
         return keys
 
@@ -104,13 +105,10 @@ class SchedulerSide:
             return 0, False
         prompt = list(request.prompt_token_ids or [])
         keys = self._keys_for(request)
-        stored = self.index.lookup(keys)
-        # vLLM computes at least the last prompt token itself, and loads whole blocks.
-        loadable = (len(prompt) - 1) // self.block_size * self.block_size
-        matched = min(stored * self.chunk, loadable)
+        matched = min(self.index.lookup(keys) * self.block_size, self._loadable(len(prompt)))
         if matched <= num_computed_tokens:
             return 0, False
-        needed = keys[num_computed_tokens // self.chunk:-(-matched // self.chunk)]
+        needed = keys[num_computed_tokens // self.block_size:matched // self.block_size]
         if self.index.loading_elsewhere(needed, request.request_id):
             # None: vLLM asks again next step, when those blocks are in its own cache.
             if self.counters is not None and request.request_id not in self._deferred:
@@ -123,6 +121,15 @@ class SchedulerSide:
         self._lookups[request.request_id] = num_computed_tokens
         return matched - num_computed_tokens, self.config.load_mode == "async"
 
+    def _loadable(self, prompt_tokens: int) -> int:
+        """Tokens a load may cover. The whole prompt where loads are asynchronous: once the load is in,
+        vLLM takes the prompt as computed but for its last token, which it computes to sample from
+        (Scheduler._update_waiting_for_remote_kv), so a fully stored prompt recomputes one token. A
+        synchronous load must leave that token to the step itself: whole blocks short of it."""
+        if self.config.load_mode == "async":
+            return prompt_tokens
+        return (prompt_tokens - 1) // self.block_size * self.block_size
+
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
             return
@@ -132,15 +139,11 @@ class SchedulerSide:
             self._loading[req_id] = num_external_tokens  # until the worker reports it in finished_recving
         start = self._lookups.pop(req_id, 0)
         block_ids = blocks.get_block_ids()[0]
-        keys = self._keys_for(request)
-        per_chunk = self.chunk // self.block_size
-        chunks: dict[int, ChunkBlocks] = {}
-        for b in range(start // self.block_size, (start + num_external_tokens) // self.block_size):
-            c = b // per_chunk
-            chunks.setdefault(c, ChunkBlocks(keys[c], [])).blocks.append((b % per_chunk, block_ids[b]))
-        ordered = [chunks[c] for c in sorted(chunks)]
-        self.index.prepare_load(req_id, [chunk.key for chunk in ordered])
-        self._loads.append(LoadJob(req_id, ordered, sync=self.config.load_mode == "sync"))
+        first, end = start // self.block_size, (start + num_external_tokens) // self.block_size
+        chunks = [ChunkBlocks(file, [(position, block_ids[first + i]) for position, i in slots], count)
+                  for file, count, slots in self.index.locate(self._keys_for(request)[first:end])]
+        self.index.prepare_load(req_id, [chunk.key for chunk in chunks])
+        self._loads.append(LoadJob(req_id, chunks, sync=self.config.load_mode == "sync"))
 
     def build_connector_meta(self, scheduler_output) -> KVOffloadMetadata:
         meta = KVOffloadMetadata(loads=self._loads)
@@ -151,6 +154,7 @@ class SchedulerSide:
             tracked = _Tracked(prompt, self._keys.get(new.req_id, []), list(new.block_ids[0]))
             self._tracked[new.req_id] = tracked
             done = new.num_computed_tokens + scheduler_output.num_scheduled_tokens.get(new.req_id, 0)
+            self._count_computed(tracked, new.num_computed_tokens, done)
             tracked.computed = done
             self._plan_saves(new.req_id, tracked, done, meta)
         cached = scheduler_output.scheduled_cached_reqs
@@ -164,26 +168,36 @@ class SchedulerSide:
             elif new_ids:
                 tracked.block_ids.extend(new_ids[0])
             done = cached.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens.get(req_id, 0)
+            self._count_computed(tracked, cached.num_computed_tokens[i], done)
             tracked.computed = done
             self._plan_saves(req_id, tracked, done, meta)
         # Stores announced above may have evicted chunks: their deletions travel in this same step.
         meta.clear, meta.deletes = self.index.take_deletions()
         return meta
 
+    def _count_computed(self, tracked: _Tracked, before: int, after: int) -> None:
+        """Prompt tokens the engine computes itself (kvoffload:prompt_tokens_computed): vLLM's own counters
+        take a fully loaded prompt as all cached, though its last token is computed."""
+        if self.counters is not None:
+            n = len(tracked.prompt)
+            self.counters.add("prompt_tokens_computed", max(0, min(after, n) - min(before, n)))
+
     def _plan_saves(self, req_id: str, tracked: _Tracked, computed: int, meta: KVOffloadMetadata) -> None:
-        """Save each prompt chunk once a step has completed it, whichever step that is."""
+        """Save each prompt chunk once a step has completed its blocks, whichever step that is: whole
+        chunks, and the prompt's last chunk with the whole blocks it has (keyed by its last block)."""
         per_chunk = self.chunk // self.block_size
-        complete = min(computed, len(tracked.prompt)) // self.chunk
-        while tracked.next_chunk < min(complete, len(tracked.keys)):
+        done_blocks = min(computed, len(tracked.prompt)) // self.block_size
+        while tracked.next_chunk * per_chunk < len(tracked.keys):
             c = tracked.next_chunk
-            blocks = tracked.block_ids[c * per_chunk:(c + 1) * per_chunk]
-            if len(blocks) < per_chunk:
+            first, end = c * per_chunk, min((c + 1) * per_chunk, len(tracked.keys))
+            blocks = tracked.block_ids[first:end]
+            if done_blocks < end or len(blocks) < end - first:
                 break
             tracked.next_chunk += 1
-            key = tracked.keys[c]
-            if not self.index.prepare_store(key):  # stored, being stored, or no room
+            keys = tracked.keys[first:end]
+            if not self.index.prepare_store(keys[-1], keys):  # stored, being stored, or no room
                 continue
-            meta.saves.append(SaveJob(req_id, key, blocks, c, self.index.generation))
+            meta.saves.append(SaveJob(req_id, keys[-1], blocks, first, self.index.generation, keys))
             tracked.has_saves = True
 
     def request_finished(self, request, block_ids) -> tuple[bool, dict | None]:

@@ -1,7 +1,11 @@
 """The chunk store: one file per chunk holding every layer's blocks, read and written in one piece.
 
+A chunk is up to `Layout.blocks` consecutive KV blocks of one prompt (the last chunk of a prompt may hold
+fewer), so that a prefix is stored and matched block by block while the drive still sees large files.
 File = 4 KiB header + payload padded to 4 KiB, so that the whole file moves with one O_DIRECT call.
-Header: magic, format version, fingerprint digest, key, payload length, checksum, layout numbers.
+Header: magic, format version, fingerprint digest, key, payload length, checksum, layout numbers, the
+position of the chunk's first block in its prompt, then each block's chained key (the index is rebuilt
+from them when a server restarts).
 Writes go to a temporary name in the store folder and are renamed into place, so a reader never sees
 half a chunk. A removed chunk's file is kept, up to a bound, under a free name and written over by a
 later save: on ext4 a new file costs the writer about 0.4 ms of CPU a 1 MiB chunk (inode and block
@@ -32,15 +36,20 @@ from pytest_kvoffload.connector.counters import Counters
 log = logging.getLogger("pytest_kvoffload.connector")
 
 MAGIC = b"KVOFFLD1"
-# 2: xxh3 checksum (1 summed 64-bit words, blind to swapped blocks). Files of another version are misses.
-FORMAT_VERSION = 2
+# 2: xxh3 checksum (1 summed 64-bit words, blind to swapped blocks). 3: chunks of 1 to Layout.blocks
+# blocks, each block's key in the header (2 held whole chunks under one chunk key). Files of another
+# version are never read: the index counts them at start (chunks_old_format) and leaves them in place.
+FORMAT_VERSION = 3
 ALIGN = 4096
 HEADER_SIZE = ALIGN
-# magic, version, fingerprint digest, key, payload bytes, checksum, layers, blocks, bytes per block,
-# chunk index in its prompt
+# magic, version, fingerprint digest, key, payload bytes, checksum, layers, blocks in this file, bytes per
+# block, position of its first block in the prompt; then `blocks` keys of KEY_BYTES each.
 _HEADER = struct.Struct("<8sI32s16sQQIIQI")
 HEADER_FIELDS = ("magic", "version", "fingerprint", "key", "payload_bytes", "checksum", "layers", "blocks",
-                 "block_bytes", "chunk_index")
+                 "block_bytes", "first_block")
+KEY_BYTES = 16
+# Block keys the header has room for: a chunk of more blocks is refused by the connector's options.
+MAX_BLOCKS = (ALIGN - _HEADER.size) // KEY_BYTES
 SUFFIX = ".kv"
 FREE_PREFIX = ".free-"
 # Recycled files kept at most (bytes beyond the index's capacity; the rest of a clear is unlinked).
@@ -72,22 +81,36 @@ def checksum(payload: np.ndarray) -> int:
 @dataclass(frozen=True)
 class Layout:
     layers: int
-    blocks: int  # blocks per chunk
+    blocks: int  # blocks of a whole chunk (a prompt's last chunk may hold fewer)
     block_bytes: int  # bytes of one block of one layer
+
+    def payload_bytes_for(self, blocks: int) -> int:
+        return self.layers * blocks * self.block_bytes
+
+    def file_bytes_for(self, blocks: int) -> int:
+        return HEADER_SIZE + padded(self.payload_bytes_for(blocks))
 
     @property
     def payload_bytes(self) -> int:
-        return self.layers * self.blocks * self.block_bytes
+        return self.payload_bytes_for(self.blocks)
 
     @property
     def file_bytes(self) -> int:
-        return HEADER_SIZE + padded(self.payload_bytes)
+        return self.file_bytes_for(self.blocks)
 
 
 def read_header(path: Path) -> dict:
-    """A chunk file's header fields (for tools and tests; no validation)."""
+    """A chunk file's header fields plus `block_keys` (hex; empty for another format version). No checksum
+    check: for the index's start-up scan, tools and tests."""
     with open(path, "rb") as fh:
-        return dict(zip(HEADER_FIELDS, _HEADER.unpack(fh.read(_HEADER.size))))
+        raw = fh.read(HEADER_SIZE)
+    fields = dict(zip(HEADER_FIELDS, _HEADER.unpack_from(raw)))
+    keys = []
+    if fields["magic"] == MAGIC and fields["version"] == FORMAT_VERSION and fields["blocks"] <= MAX_BLOCKS:
+        start = _HEADER.size
+        keys = [raw[start + i * KEY_BYTES:start + (i + 1) * KEY_BYTES].hex() for i in range(fields["blocks"])]
+    fields["block_keys"] = keys
+    return fields
 
 
 class ChunkStore:
@@ -156,16 +179,21 @@ class ChunkStore:
     def new_buffer(self) -> np.ndarray:
         return aligned_buffer(self.layout.file_bytes)
 
-    def payload_view(self, buffer: np.ndarray) -> np.ndarray:
-        return buffer[HEADER_SIZE:HEADER_SIZE + self.layout.payload_bytes]
+    def payload_view(self, buffer: np.ndarray, blocks: int | None = None) -> np.ndarray:
+        """The payload of a chunk of `blocks` blocks (a whole chunk by default) in `buffer`."""
+        return buffer[HEADER_SIZE:HEADER_SIZE + self.layout.payload_bytes_for(blocks or self.layout.blocks)]
 
-    def write(self, key: str, buffer: np.ndarray, index: int = 0) -> bool:
-        """Store a chunk whose payload was gathered into `buffer` (from new_buffer). False: declined.
-        Room was made by the index when it announced the store."""
-        size = self.layout.file_bytes
-        payload = self.payload_view(buffer)
+    def write(self, key: str, buffer: np.ndarray, first_block: int = 0, block_keys: list[str] | None = None) -> bool:
+        """Store a chunk whose payload was gathered into `buffer` (from new_buffer): len(block_keys) blocks
+        (a whole chunk where None, keyed by `key` alone). False: declined. Room was made by the index when
+        it announced the store."""
+        blocks = len(block_keys) if block_keys else self.layout.blocks
+        size = self.layout.file_bytes_for(blocks)
+        payload = self.payload_view(buffer, blocks)
         header = _HEADER.pack(MAGIC, FORMAT_VERSION, self.fingerprint, bytes.fromhex(key), payload.size,
-                              checksum(payload), self.layout.layers, self.layout.blocks, self.layout.block_bytes, index)
+                              checksum(payload), self.layout.layers, blocks, self.layout.block_bytes, first_block)
+        header += b"".join(bytes.fromhex(k) for k in block_keys or ())
+        buffer[:HEADER_SIZE] = 0
         buffer[:len(header)] = np.frombuffer(header, dtype=np.uint8)
         started = time.perf_counter()
         error = self._write_file(key, buffer, size)
@@ -264,10 +292,13 @@ class ChunkStore:
         log.warning("kvoffload: store folder %s vanished; recreated it empty", self.root)
 
     # -- reading ----------------------------------------------------------------------------------
-    def read(self, key: str, buffer: np.ndarray) -> bool:
-        """Fill `buffer` (from new_buffer) with the chunk; False on any fault, which then counts as a miss."""
+    def read(self, key: str, buffer: np.ndarray, blocks: int | None = None, used: int | None = None) -> bool:
+        """Fill `buffer` (from new_buffer) with the chunk of `blocks` blocks (a whole chunk by default), of
+        which the load uses `used` (all by default: the rest is read for the checksum, and counted as read
+        but not useful); False on any fault, which then counts as a miss."""
         path = self.path(key)
-        size = self.layout.file_bytes
+        blocks = blocks or self.layout.blocks
+        size = self.layout.file_bytes_for(blocks)
         started = time.perf_counter()
         try:
             flags = os.O_RDONLY | (os.O_DIRECT if self.direct_io else 0)
@@ -297,23 +328,23 @@ class ChunkStore:
             return False
         finally:
             os.close(fd)
-        magic, version, fingerprint, stored_key, length, stored_sum, layers, blocks, block_bytes, _ = \
+        magic, version, fingerprint, stored_key, length, stored_sum, layers, stored_blocks, block_bytes, _ = \
             _HEADER.unpack_from(buffer[:_HEADER.size].tobytes())
         if magic != MAGIC or version != FORMAT_VERSION:
             return self._corrupt(key, "not a kvoffload chunk of this format version")
-        if fingerprint != self.fingerprint or (layers, blocks, block_bytes) != (
-                self.layout.layers, self.layout.blocks, self.layout.block_bytes):
+        if fingerprint != self.fingerprint or (layers, stored_blocks, block_bytes) != (
+                self.layout.layers, blocks, self.layout.block_bytes):
             # Keys are seeded with the fingerprint, so this file can serve no server: the index removes it.
             self.counters.add("chunks_foreign")
             self._once("foreign", f"chunk {key} was written for another model or layout; removed")
             return False
-        payload = self.payload_view(buffer)
+        payload = self.payload_view(buffer, blocks)
         if stored_key != bytes.fromhex(key) or length != payload.size or checksum(payload) != stored_sum:
             return self._corrupt(key, "checksum mismatch")
         self._throttle(size)
         self.counters.add("load_seconds", time.perf_counter() - started)
         self.counters.add("bytes_read", size)
-        self.counters.add("useful_bytes_read", payload.size)
+        self.counters.add("useful_bytes_read", self.layout.payload_bytes_for(used or blocks))
         self.counters.add("chunks_read")
         return True
 

@@ -181,10 +181,10 @@ class WorkerSide:
             ends = [f.result()[1] for f in batch if f.exception() is None]
             ended = max(ends, default=started)
             self.counters.add("save_wall_seconds", self._saves_busy.add(started, ended))
-            written = sum(1 for f in batch if f.exception() is None and f.result()[0])
+            written = sum(f.result()[2] for f in batch if f.exception() is None and f.result()[0])
             if written:
                 self.counters.observe("save_duration_seconds", ended - started)
-                self.counters.observe("save_size_bytes", written * self.layout.file_bytes)
+                self.counters.observe("save_size_bytes", written)
         self._save_batches = pending
 
     def _collect(self, job, futures, started: float) -> None:
@@ -200,7 +200,7 @@ class WorkerSide:
             ok, finished_at = future.result()
             ended = max(ended, finished_at)
             if ok:
-                moved += self.layout.file_bytes
+                moved += self.layout.file_bytes_for(chunk.count or self.layout.blocks)
             else:
                 self._failed_blocks.update(b for _, b in chunk.blocks)
         self.counters.add("load_wall_seconds", self._loads_busy.add(started, ended))
@@ -234,10 +234,11 @@ class WorkerSide:
         if self.config.io_slice_us and request_slice(self.config.io_slice_us):
             self.counters.add("io_threads_short_slice")
 
-    def _views(self, buffer: np.ndarray) -> torch.Tensor:
-        """The payload of a chunk buffer as [layers, blocks, *block_shape] in the cache's dtype."""
-        payload = torch.from_numpy(self.store.payload_view(buffer))
-        return payload.view(self.dtype).view(self.layout.layers, self.layout.blocks, *self.block_shape)
+    def _views(self, buffer: np.ndarray, blocks: int) -> torch.Tensor:
+        """The payload of a chunk buffer holding `blocks` blocks as [layers, blocks, *block_shape] in the
+        cache's dtype."""
+        payload = torch.from_numpy(self.store.payload_view(buffer, blocks))
+        return payload.view(self.dtype).view(self.layout.layers, blocks, *self.block_shape)
 
     def _buffer(self):
         buffer = getattr(self._local, "buffer", None)
@@ -257,11 +258,12 @@ class WorkerSide:
         if delay > 0:
             time.sleep(delay)
         buffer = self._buffer()
-        if not self.store.read(chunk.key, buffer):
+        count = chunk.count or self.layout.blocks
+        if not self.store.read(chunk.key, buffer, count, used=len(chunk.blocks)):
             with self._report_lock:
                 self._report.dropped.append(chunk.key)
             return False, time.perf_counter()
-        src = self._views(buffer)
+        src = self._views(buffer, count)
         if self.config.fault:
             src = self._planted(src)
         self._scatter(src, [i for i, _ in chunk.blocks], [b for _, b in chunk.blocks])
@@ -273,7 +275,8 @@ class WorkerSide:
         if fault == "alternate":
             self._faults = getattr(self, "_faults", 0) + 1
             fault = "zero" if self._faults % 2 else "shift"
-        return torch.zeros_like(src) if fault == "zero" else torch.roll(src, 1, dims=1)
+        # shift: each block gets its file's previous block (a one-block file's layers are rolled instead).
+        return torch.zeros_like(src) if fault == "zero" else torch.roll(src, 1, dims=1 if src.shape[1] > 1 else 0)
 
     def _scatter(self, src: torch.Tensor, index: list[int], ids: list[int]) -> None:
         # A chunk's blocks are loaded as one run (the prefix ends inside the chunk): a slice, not a gather.
@@ -300,7 +303,8 @@ class WorkerSide:
         return buffer
 
     def _save(self, job: SaveJob, ready, submitted: float, first: bool,
-              gathered: np.ndarray | None = None) -> tuple[bool, float]:
+              gathered: np.ndarray | None = None) -> tuple[bool, float, int]:
+        """Write one chunk file: (written, when it finished, its bytes)."""
         # From the step's submission to this thread taking the chunk: the queue behind the other chunks,
         # and, where the engine's threads hold every core (the CPU build), waiting to be scheduled at all;
         # the first chunk of a step's saves waits for the second alone (when no earlier saves are queued).
@@ -310,24 +314,25 @@ class WorkerSide:
             self.counters.add("save_first_wait_seconds", waited)
             self.counters.add("save_batches")
         written, buffer = False, gathered
+        size = self.layout.file_bytes_for(len(job.block_ids))
         try:
             if buffer is None:
                 buffer = self._buffer()
                 self._gather(job, ready, buffer)
-            written = self.store.write(job.key, buffer, index=job.index)
+            written = self.store.write(job.key, buffer, first_block=job.first_block, block_keys=job.block_keys)
         finally:
             if gathered is not None:
                 self.step_buffers.give_back(gathered)
             # Reported either way, or the index would hold the chunk as "being stored" for ever.
             with self._report_lock:
                 (self._report.stored if written else self._report.store_failed).append(
-                    (job.key, self.layout.file_bytes, job.generation))
-        return written, time.perf_counter()
+                    (job.key, size, job.generation))
+        return written, time.perf_counter(), size
 
     def _gather(self, job: SaveJob, ready, buffer: np.ndarray) -> None:
         """Copy the chunk's blocks of every layer from the cache into `buffer`'s payload."""
         started = time.perf_counter()
-        dst = self._views(buffer)
+        dst = self._views(buffer, len(job.block_ids))
         if self._cuda:
             stream = self._thread_stream()
             with torch.cuda.stream(stream):

@@ -89,7 +89,7 @@ class DiskSpeed:
     store: Path
     settings: Settings
     lengths: tuple[int, ...]
-    granularity: int
+    chunk_tokens: int  # the connector's chunk files' tokens (its option chunk_tokens)
     salt: str
     progress: Say
     figures: dict = field(default_factory=dict)
@@ -98,7 +98,7 @@ class DiskSpeed:
 
     def run(self) -> DiskSpeed:
         s = self.settings
-        self.chunk_file = HEADER_SIZE + self.granularity * s.kv_bytes_per_token
+        self.chunk_file = HEADER_SIZE + self.chunk_tokens * s.kv_bytes_per_token
         self.store.mkdir(parents=True, exist_ok=True)
         # The connector's pattern: its chunk files, its I/O threads, fresh files (drive/probe.py).
         self.threads = int(s.disk_opts.get("io_threads", 2))
@@ -120,7 +120,7 @@ class DiskSpeed:
 
     def rounds(self) -> None:
         """Cold, device-hit and disk-hit TTFT at each length, with the counters and CPU use around them."""
-        kv_server, kv_settings, granularity = self.endpoint, self.settings, self.granularity
+        kv_server, kv_settings = self.endpoint, self.settings
         self.start = settled_totals(kv_server)
         self.cpu_start = sample(self.pgid)
         self.io_start = {name: thread_times(self.pgid, name) for name in (SAVE_THREADS, LOAD_THREADS)}
@@ -138,9 +138,10 @@ class DiskSpeed:
                 kv_server.reset_prefix_cache(external=False)
                 disk = measure(kv_server, tokens)
                 kv_server.reset_prefix_cache(external=False)
-                want = {"disk": expected_cached(length, length, kv_settings.block_size, granularity)}
-                wants = ((cold, {}), (device, {"device": expected_cached(length, length, kv_settings.block_size)}),
-                         (disk, want))
+                # Every whole block, the last one too: beside an engine hit that one comes from disk.
+                whole = expected_cached(length, length, kv_settings.block_size, last_block=True)
+                engine = expected_cached(length, length, kv_settings.block_size)
+                wants = ((cold, {}), (device, {"device": engine, "disk": whole - engine}), (disk, {"disk": whole}))
                 for result, expected in wants:
                     got = {k: v for k, v in result.cached_by_source.items() if v}
                     expected = {k: v for k, v in expected.items() if v}
@@ -179,7 +180,7 @@ class DiskSpeed:
         """The drive alone in the connector's bursts, then the connector's own paths in them (no engine)."""
         start, end, written, store, chunk_file, threads = (self.start, self.end, self.written, self.store,
                                                            self.chunk_file, self.threads)
-        kv_settings, granularity, over_share, worker_cpus = self.settings, self.granularity, self.over_share, self.worker_cpus
+        kv_settings, over_share, worker_cpus = self.settings, self.over_share, self.worker_cpus
         rounds_s, lengths = self.rounds_s, self.lengths
         # The connector's own pattern, no engine: a step's chunks written at once and a prompt's read at once,
         # then the drive idle until the next (as many chunks and as far apart as in the rounds, on average). First
@@ -202,7 +203,7 @@ class DiskSpeed:
             # which a CPU cache in this process would not run, so no figure rather than another path's.
             if not has_cuda():
                 worker_bursts = probe_worker_bursts(
-                    store, {"chunk_tokens": granularity, **kv_settings.disk_opts}, kv_settings.model.num_layers,
+                    store, {"chunk_tokens": self.chunk_tokens, **kv_settings.disk_opts}, kv_settings.model.num_layers,
                     kv_settings.block_size, kv_settings.kv_bytes_per_token, DTYPE_BYTES[kv_settings.dtype], burst,
                     min(gap_s, MAX_GAP_S), over_share=over_share, cpus=worker_cpus, read_burst=read_burst)
         self.drive_bursts, self.worker_bursts, self.gap_s = drive_bursts, worker_bursts, gap_s

@@ -55,9 +55,9 @@ def parse_variant(text: str, registry: BackendRegistry) -> Backend:
         except ConnectorConfigError as exc:
             raise BackendConfigError(f"--kv-backend {text!r}: {exc}") from None
     variant = with_connector_options(backend, text[len(base) + 1:-1], user_facing=True, **options)
-    if "chunk_tokens" in options:
-        # The cells' expectations follow the variant's own storage unit.
-        variant = dataclasses.replace(variant, tier_granularity=lambda settings: int(options["chunk_tokens"]))
+    if base == "kvoffload-disk" and options.get("load_mode") == "sync":
+        # A synchronous load leaves the prompt's last block to the engine (connector/scheduler.py _loadable).
+        variant = dataclasses.replace(variant, last_block_source=None)
     return variant
 
 

@@ -14,7 +14,9 @@ from pytest_kvoffload.serve.backends import (CPU_PLATFORM_SPEC_MODULE, CPU_PLATF
                                              LaunchContext, ServerSpec)
 
 
-def _kvoffload_chunk_tokens(settings: Settings) -> int:
+def kvoffload_chunk_tokens(settings: Settings) -> int:
+    """Tokens of one of the connector's chunk files (its option chunk_tokens): the unit it writes and reads,
+    not the unit it matches (one KV block)."""
     configured = settings.disk_opts.get("chunk_tokens")
     return int(configured) if configured else default_chunk_tokens(settings.block_size)
 
@@ -26,7 +28,7 @@ def kvoffload_store_dir(ctx: LaunchContext) -> Path:
 
 
 def _kvoffload_disk(ctx: LaunchContext) -> ServerSpec:
-    extra = {"chunk_tokens": _kvoffload_chunk_tokens(ctx.settings), "capacity_gb": ctx.settings.disk_gb}
+    extra = {"chunk_tokens": kvoffload_chunk_tokens(ctx.settings), "capacity_gb": ctx.settings.disk_gb}
     extra.update(ctx.settings.disk_opts)
     extra["store_dir"] = str(kvoffload_store_dir(ctx))
     config = {
@@ -192,7 +194,9 @@ def builtin_backends() -> list[Backend]:
             tier="disk",
             configure=_kvoffload_disk,
             option_keys=CONNECTOR_OPTIONS - {"store_dir"},
-            tier_granularity=_kvoffload_chunk_tokens,
+            # Matched block by block, the prompt's last block included (asynchronous loads, the default;
+            # a load_mode=sync variant leaves it to the engine: harness/backend_options.py).
+            last_block_source="disk",
             load_proof=kvoffload_load_proof,
         ),
     ]

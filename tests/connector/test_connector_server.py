@@ -57,23 +57,50 @@ def test_disk_hit_gives_the_cold_output_and_loads_the_block_aligned_prefix(kv_se
     measure(kv_server, primer.tokens)
     kv_server.reset_prefix_cache(external=False)
     hit = measure(kv_server, target.tokens, max_tokens=OUT)
-    assert hit.cached_by_source == {"disk": expected_cached(len(target.prefix), length, BLOCK, CHUNK)}
+    # Every whole block of the prefix, the prompt's last block too where the prefix covers it.
+    assert hit.cached_by_source == {"disk": expected_cached(len(target.prefix), length, BLOCK, last_block=True)}
     assert_same_answer(hit, cold)
     assert counter(hit, "useful_bytes_read") > 0
 
 
-def test_partial_match_loads_exactly_the_shared_chunks(kv_server, kv_settings, prompts, store):
+@pytest.mark.parametrize("last_block_differs", [False, True], ids=["whole-prompt", "control-last-block-differs"])
+def test_a_fully_stored_prompt_recomputes_exactly_one_token(kv_server, kv_settings, prompts, last_block_differs):
+    prompt = prompts(1024, 1.0, f"whole-{last_block_differs}")
+    kv_server.reset_prefix_cache(external=True)
+    measure(kv_server, prompt.tokens)
+    kv_server.reset_prefix_cache(external=False)
+    # The control: the same prompt with another last block matches seven blocks, and vLLM's counter of
+    # computed tokens then reads a whole block, so "one token" below is a measurement, not a constant.
+    tokens = prompt.tokens[:-BLOCK] + prompts(BLOCK, 0.0, "other-tail").tokens if last_block_differs \
+        else prompt.tokens
+    before = total(kv_server, "prompt_tokens_computed")
+    hit = measure(kv_server, tokens, max_tokens=OUT)
+    # The connector's count of prompt tokens the engine computed (vLLM's own counters take a loaded
+    # prompt as all cached); it reaches /metrics with the engine's next stats update.
+    computed = wait_for_total(kv_server, "prompt_tokens_computed", before + 1) - before
+    if last_block_differs:
+        assert hit.cached_by_source == {"disk": 1024 - BLOCK} and computed == BLOCK
+        return
+    assert hit.cached_by_source == {"disk": 1024} and hit.cached_tokens in (None, 1024)
+    assert computed == 1
+    assert counter(hit, "useful_bytes_read") == 1024 * kv_settings.kv_bytes_per_token
+    assert_same_answer(hit, cold_answer(kv_server, tokens, "whole"))
+
+
+def test_a_prefix_ending_mid_chunk_loads_every_whole_block_it_covers(kv_server, kv_settings, prompts, store):
     shared = prompts(2048, 0.6, "a")
     kv_server.reset_prefix_cache(external=True)
     measure(kv_server, shared.tokens)
     kv_server.reset_prefix_cache(external=False)
     other = prompts(2048, 0.6, "b")
-    result = measure(kv_server, other.tokens)
-    # 60% of 2,048 is 1,229 tokens: four whole 256-token chunks are shared, the fifth is not.
-    assert result.cached_by_source == {"disk": 1024}
-    assert counter(result, "chunks_read") == 4
+    result = measure(kv_server, other.tokens, max_tokens=OUT)
+    # 60% of 2,048 is 1,229 tokens: nine whole 128-token blocks, four whole 256-token chunks and the
+    # first block of the fifth chunk's file (read whole for its checksum, one block of it used).
+    assert result.cached_by_source == {"disk": 9 * BLOCK}
+    assert counter(result, "chunks_read") == 5
     # KV bytes per token follow the dtype the machine computes in (4,096 in bf16, 8,192 in float32).
-    assert counter(result, "useful_bytes_read") == 4 * CHUNK * kv_settings.kv_bytes_per_token
+    assert counter(result, "useful_bytes_read") == 9 * BLOCK * kv_settings.kv_bytes_per_token
+    assert_same_answer(result, cold_answer(kv_server, other.tokens, "mid-chunk"))
 
 
 def total(endpoint, name):
@@ -113,7 +140,7 @@ def test_reads_and_writes_move_only_useful_bytes_plus_one_header(kv_server, kv_s
 
 def chunk_file(store, index, newer_than):
     for path in store.glob("*.kv"):
-        if path.stat().st_mtime >= newer_than and read_header(path)["chunk_index"] == index:
+        if path.stat().st_mtime >= newer_than and read_header(path)["first_block"] == index * CHUNK // BLOCK:
             return path
     raise AssertionError(f"no chunk {index} in {store}")
 
@@ -154,7 +181,7 @@ def test_damaged_store_files_become_misses_with_cold_output(kv_server, prompts, 
     # report come after the save was planned, the next lookup stops at the hole): no fault a second time.
     kv_server.reset_prefix_cache(external=False)
     again = measure(kv_server, prompt.tokens, max_tokens=OUT)
-    assert again.cached_by_source.get("disk", 0) in (CHUNK, 896) and counter(again, count) == 0
+    assert again.cached_by_source.get("disk", 0) in (CHUNK, 1024) and counter(again, count) == 0
     assert_same_answer(again, cold)
 
 
@@ -168,7 +195,7 @@ def test_a_vanished_store_folder_is_recreated_and_serves_again(kv_server, prompt
     second = measure(kv_server, prompt.tokens, max_tokens=OUT)
     # Counters reach /metrics with the engine's stats, possibly after the request: wait for the total.
     assert wait_for_total(kv_server, "store_recreated", recreated + 1) == recreated + 1
-    assert second.cached_by_source == {"disk": 896}
+    assert second.cached_by_source == {"disk": 1024}
     assert_same_answer(second, cold_answer(kv_server, prompt.tokens, "vanished"))
     assert store.is_dir()
 
@@ -181,7 +208,7 @@ def test_a_restarted_server_serves_disk_hits_from_the_same_store(kv_session, kv_
     restarted = kv_session.endpoint(kv_backend)
     assert restarted.port != kv_server.port
     hit = measure(restarted, prompt.tokens, max_tokens=OUT)
-    assert hit.cached_by_source == {"disk": 896}
+    assert hit.cached_by_source == {"disk": 1024}
     assert_same_answer(hit, cold_answer(restarted, prompt.tokens, "restarted"))
 
 
@@ -194,19 +221,20 @@ def test_a_tier_load_on_top_of_a_partial_engine_hit(kv_server, prompts):
     kv_server.reset_prefix_cache(external=False)
     measure(kv_server, full.tokens[:600])                # the first 512 tokens back in the engine only
     hit = measure(kv_server, full.tokens, max_tokens=OUT)
-    assert hit.cached_by_source.get("device") == 512 and hit.cached_by_source.get("disk") == 2048 - 128 - 512
+    assert hit.cached_by_source.get("device") == 512 and hit.cached_by_source.get("disk") == 2048 - 512
     assert_same_answer(hit, cold_answer(kv_server, full.tokens, "partial"))
 
 
 def test_a_prefix_ending_inside_a_block_and_inside_a_chunk(kv_server, prompts):
-    # 700 shared tokens: two whole chunks (512), then 188 tokens of a third chunk, ending mid-block.
+    # 700 shared tokens: two whole chunks (512), then 188 tokens of a third chunk, ending mid-block: the
+    # third chunk's first block (640 in all) is loaded, the block the prefix ends in is not.
     shared = prompts(1400, 0.5, "a")
     kv_server.reset_prefix_cache(external=True)
     measure(kv_server, shared.tokens)
     kv_server.reset_prefix_cache(external=False)
     other = prompts(1400, 0.5, "b")
     hit = measure(kv_server, other.tokens, max_tokens=OUT)
-    assert hit.cached_by_source == {"disk": 512}
+    assert hit.cached_by_source == {"disk": 640}
     assert_same_answer(hit, cold_answer(kv_server, other.tokens, "inside"))
 
 

@@ -10,14 +10,25 @@ import torch
 
 from pytest_kvoffload.connector.config import ConnectorConfig
 from pytest_kvoffload.connector.counters import Counters
-from pytest_kvoffload.connector.hashing import chunk_keys
+from pytest_kvoffload.connector.hashing import block_keys
 from pytest_kvoffload.connector.index import ChunkIndex
 from pytest_kvoffload.connector.metadata import KVOffloadMetadata, KVOffloadWorkerMeta, SaveJob
 from pytest_kvoffload.connector.scheduler import SchedulerSide
+from pytest_kvoffload.connector.store import ALIGN, ChunkStore, Layout
 
 SIZE = 1000  # bytes of one chunk file in the index-only tests
 BLOCK, CHUNK = 16, 32  # tokens
 ROOT = b"root"
+
+
+def blocks_of(tokens):
+    return block_keys(tokens, BLOCK, ROOT)
+
+
+def files_of(tokens):
+    """The chunk files a prompt of whole chunks is saved in: each keyed by its last block."""
+    per_chunk = CHUNK // BLOCK
+    return blocks_of(tokens)[per_chunk - 1::per_chunk]
 
 
 def keys(n, first=0):
@@ -54,22 +65,64 @@ def test_lru_eviction_keeps_recently_loaded_chunks(tmp_path):
     assert counters.drain()["chunks_evicted"] == 1
 
 
-def write_files(root, names, size=SIZE):
-    root.mkdir(parents=True, exist_ok=True)
-    for i, key in enumerate(names):
-        path = root / f"{key}.kv"
-        path.write_bytes(bytes(size))
-        os.utime(path, (time.time() - 100 + i, time.time() - 100 + i))  # first is oldest
+FILE_LAYOUT = Layout(layers=1, blocks=2, block_bytes=ALIGN)  # 12 KiB files of two blocks
+
+
+def write_files(root, files):
+    """Chunk files as the store writes them: {file key: its block keys}, the first oldest."""
+    store = ChunkStore(root, "model=test", FILE_LAYOUT)
+    for i, (key, blocks) in enumerate(files.items()):
+        assert store.write(key, store.new_buffer(), block_keys=blocks)
+        os.utime(store.path(key), (time.time() - 100 + i, time.time() - 100 + i))
 
 
 def test_a_restarted_index_holds_the_files_on_disk_in_their_age_order(tmp_path):
-    a, b, c = keys(3)
-    write_files(tmp_path, [a, b])
+    a, b, c, d = keys(4)
+    write_files(tmp_path, {b: [a, b], c: [c]})  # a whole chunk, then a short last chunk of one block
     (tmp_path / ".tmp-partial").write_bytes(b"x")
-    index = ChunkIndex(tmp_path, 2 * SIZE, None)
-    assert index.lookup([a, b]) == 2 and index.chunk_bytes == SIZE
-    stored(index, [c])
-    assert index.take_deletions() == (False, [a])
+    index = ChunkIndex(tmp_path, FILE_LAYOUT.file_bytes + FILE_LAYOUT.file_bytes_for(1), None)
+    assert index.lookup([a, b, c]) == 3 and index.chunk_bytes == FILE_LAYOUT.file_bytes
+    assert index.locate([a, b, c]) == [(b, 2, [(0, 0), (1, 1)]), (c, 1, [(0, 2)])]
+    stored(index, [d])
+    assert index.take_deletions() == (False, [b])
+
+
+def test_an_old_format_store_is_counted_not_read_and_left_in_place(tmp_path, caplog):
+    a, b = keys(2)
+    write_files(tmp_path, {b: [a, b]})
+    old = tmp_path / f"{a}.kv"
+    data = bytearray((tmp_path / f"{b}.kv").read_bytes())
+    data[8:12] = (2).to_bytes(4, "little")  # format version 2: whole chunks under one chunk key
+    old.write_bytes(bytes(data))
+    counters = Counters()
+    with caplog.at_level("WARNING", logger="pytest_kvoffload.connector"):
+        index = ChunkIndex(tmp_path, 1 << 20, None, counters)
+    assert len(index) == 1 and index.lookup([a, b]) == 2 and a not in index
+    assert counters.drain()["chunks_old_format"] == 1 and old.exists()
+    assert "1 chunk files of an older format" in caplog.text and str(tmp_path) in caplog.text
+
+
+def test_a_newer_file_holding_every_block_of_an_older_one_replaces_it(tmp_path):
+    counters = Counters()
+    index = ChunkIndex(tmp_path, 10 * SIZE, SIZE, counters)
+    a, b, b2 = keys(3)
+    assert index.prepare_store(a, [a])           # a prompt's short last chunk: one block
+    index.complete_store(a, SIZE // 2, index.generation)
+    assert not index.prepare_store(a, [a])       # nothing new in it
+    assert index.prepare_store(b, [a, b])        # a longer prompt's whole chunk: the same block and one more
+    index.complete_store(b, SIZE, index.generation)
+    assert index.locate([a, b]) == [(b, 2, [(0, 0), (1, 1)])]
+    assert index.take_deletions() == (False, [a]) and a not in index and index.used_bytes == SIZE
+    assert counters.drain()["chunks_superseded"] == 1
+    # A file being read when it is superseded goes once its load is done, not before.
+    assert index.prepare_store(b2, [a, b2])
+    index.prepare_load("r", [b])
+    index.complete_store(b2, SIZE, index.generation)
+    assert index.take_deletions() == (False, []) and index.lookup([a, b]) == 2
+    index.complete_load("r")
+    assert b in index and index.locate([a]) == [(b2, 2, [(0, 0)])]
+    index.prepare_store(keys(1, 9)[0])
+    assert b in index  # b still serves its own second block: kept
 
 
 def test_a_chunk_larger_than_the_capacity_is_declined(tmp_path):
@@ -131,7 +184,7 @@ def test_eviction_under_pressure_never_takes_a_chunk_being_loaded(tmp_path, monk
     side, index, _ = scheduler(tmp_path, capacity_chunks=4)
     first = prompt(1)
     prime(side, "prime", first)
-    promised = chunk_keys(first, CHUNK, ROOT)
+    promised = files_of(first)
     matched, is_async = side.get_num_new_matched_tokens(request("hit", first), 0)
     assert (matched, is_async) == (4 * CHUNK, True)
     if not pinning:
@@ -149,7 +202,7 @@ def test_eviction_under_pressure_never_takes_a_chunk_being_loaded(tmp_path, monk
     # Once the load is reported done, its chunks may go.
     side.update_connector_output(SimpleNamespace(finished_sending=set(), finished_recving={"hit"},
                                                  kv_connector_worker_meta=None))
-    assert index.prepare_store(chunk_keys(prompt(3), CHUNK, ROOT)[0])
+    assert index.prepare_store(files_of(prompt(3))[0])
 
 
 @pytest.mark.parametrize("waiting", [True, False], ids=["index", "planted-no-wait"])
@@ -188,20 +241,20 @@ def test_a_sync_load_unpins_when_the_worker_reports_it(tmp_path):
     assert not is_async
     side.update_state_after_alloc(request("hit", first), SimpleNamespace(get_block_ids=lambda: (list(range(20)),)),
                                   matched)
-    assert index.loading_elsewhere(chunk_keys(first, CHUNK, ROOT), "someone-else")
+    assert index.loading_elsewhere(blocks_of(first), "someone-else")
     side.update_connector_output(SimpleNamespace(finished_sending=set(), finished_recving=None,
                                                  kv_connector_worker_meta=KVOffloadWorkerMeta(loaded=["hit"])))
-    assert not index.loading_elsewhere(chunk_keys(first, CHUNK, ROOT), "someone-else")
+    assert not index.loading_elsewhere(blocks_of(first), "someone-else")
 
 
 def test_a_chunk_found_damaged_is_forgotten_and_its_file_deleted(tmp_path):
     side, index, _ = scheduler(tmp_path, capacity_chunks=8)
     first = prompt(1)
     prime(side, "prime", first)
-    bad = chunk_keys(first, CHUNK, ROOT)[1]
+    bad = files_of(first)[1]
     side.update_connector_output(SimpleNamespace(finished_sending=set(), finished_recving=set(),
                                                  kv_connector_worker_meta=KVOffloadWorkerMeta(dropped=[bad])))
-    assert index.lookup(chunk_keys(first, CHUNK, ROOT)) == 1
+    assert index.lookup(blocks_of(first)) == CHUNK // BLOCK  # the first chunk's blocks
     assert side.build_connector_meta(new_step("x", [], [])).deletes == [bad]
 
 
@@ -216,7 +269,7 @@ def test_a_failed_write_leaves_no_chunk_and_tensor_parallel_failures_win(tmp_pat
                                          store_failed=[(names[1], SIZE, 0)]))
     side.update_connector_output(SimpleNamespace(finished_sending=set(), finished_recving=set(),
                                                  kv_connector_worker_meta=report))
-    assert index.lookup(names) == 1 and index.used_bytes == 3 * SIZE
+    assert index.lookup(blocks_of(first)) == CHUNK // BLOCK and index.used_bytes == 3 * SIZE
 
 
 def test_reset_forgets_everything_and_ignores_writes_announced_before_it(tmp_path):
@@ -229,9 +282,9 @@ def test_reset_forgets_everything_and_ignores_writes_announced_before_it(tmp_pat
     side.request_finished(request("p", first), [])
     again = compute(side, "p2", first, list(range(9, 18)))  # the same chunks announced anew, not yet written
     worker_reports(side, meta)  # the writes announced before the reset finish after it
-    assert index.lookup(chunk_keys(first, CHUNK, ROOT)) == 0 and index.used_bytes == 4 * SIZE  # reserved
+    assert index.lookup(blocks_of(first)) == 0 and index.used_bytes == 4 * SIZE  # reserved
     worker_reports(side, again)
-    assert index.lookup(chunk_keys(first, CHUNK, ROOT)) == 4
+    assert index.lookup(blocks_of(first)) == 4 * CHUNK // BLOCK
 
 
 # -- the worker carries the index's decisions out on real files --------------------------------------------
@@ -307,3 +360,21 @@ def test_the_byte_count_follows_every_change(tmp_path):
         elif op < 0.72:
             index.reset()
         assert index.used_bytes == SIZE * len(index) <= 6 * SIZE
+
+
+@pytest.mark.parametrize("load_mode,loadable", [("async", 3 * BLOCK), ("sync", 2 * BLOCK)])
+def test_a_prompts_short_last_chunk_is_saved_and_the_whole_prompt_offered(tmp_path, load_mode, loadable):
+    side, index, _ = scheduler(tmp_path, capacity_chunks=8, load_mode=load_mode)
+    tokens = prompt(5, 3 * BLOCK)  # a whole chunk of two blocks, then one block
+    meta = prime(side, "p", tokens)
+    blocks = blocks_of(tokens)
+    assert [(s.key, len(s.block_ids), s.first_block, s.block_keys) for s in meta.saves] == [
+        (blocks[1], 2, 0, blocks[:2]), (blocks[2], 1, 2, blocks[2:])]
+    # Asynchronous loads cover the whole prompt (vLLM then computes its last token); a synchronous load
+    # stops a block short of it, leaving that token to the step.
+    assert side.get_num_new_matched_tokens(request("hit", tokens), 0) == (loadable, load_mode == "async")
+    side.update_state_after_alloc(request("hit", tokens), SimpleNamespace(get_block_ids=lambda: ([7, 8, 9],)),
+                                  loadable)
+    chunks = side.build_connector_meta(new_step("x", [], [])).loads[0].chunks
+    assert [(c.key, c.blocks, c.count) for c in chunks] == [(blocks[1], [(0, 7), (1, 8)], 2),
+                                                            (blocks[2], [(0, 9)], 1)][:-(-loadable // CHUNK)]

@@ -280,8 +280,11 @@ def test_a_variant_from_the_command_line_is_the_backend_with_its_options(tmp_pat
     argv, _ = server_command(variant, LaunchContext(settings(), tmp_path), 8123)
     extra = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
     assert (extra["io_threads"], extra["read_gbps"], extra["direct_io"]) == (4, 0.05, False)
+    # Chunk files of 512 tokens still match block by block, the prompt's last block included; a
+    # synchronous variant leaves that block to the engine.
     chunked = parse_variant("kvoffload-disk[chunk_tokens=512]", registry)
-    assert chunked.granularity(settings()) == 512
+    assert chunked.granularity(settings()) == settings().block_size and chunked.last_block_source == "disk"
+    assert parse_variant("kvoffload-disk[load_mode=sync]", registry).last_block_source is None
     native = parse_variant("native-disk[eviction_policy=arc]", registry)
     argv, _ = server_command(native, LaunchContext(settings(), tmp_path), 8123)
     assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"][
