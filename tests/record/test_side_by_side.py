@@ -21,3 +21,19 @@ def test_ours_against_each_user_facing_tier_on_the_same_cells():
     assert any(line.startswith("native-cpu") for line in text.splitlines())
     assert "[slow]" not in text and "384" not in text  # not user-facing; a cell ours did not measure
     assert side_by_side_lines({"cells": [hit("native-disk", 384, 1.0, 23, 384)]}) == []
+
+
+def test_each_row_says_whether_ours_meets_its_target_and_a_near_miss_fails():
+    run = {"options": {"model": {"kv_bytes_per_token": 4096}}, "environment": {"drive": {"read_gbps": 1.4}},
+           "cells": [hit("kvoffload-disk", 4096, 1.0, 29.8, 4096), hit("native-disk", 4096, 1.0, 28.5, 4096),
+                     hit("native-cpu", 4096, 1.0, 22, 4096, "host"),
+                     hit("kvoffload-disk", 2048, 1.0, 30, 1920), hit("native-disk", 2048, 1.0, 40, 2048),
+                     hit("native-cpu", 2048, 1.0, 40, 2048, "host")]}
+    rows = {tuple(line.split()[:2]): line for line in side_by_side_lines(run)[1].splitlines()[2:]}
+    # 29.8 ms against a disk tier's 28.5: within 1.05x (29.9 is the edge); against a DRAM tier's 22
+    # plus 16.8 MB at 1.4 GB/s (12 ms), times 1.05: 35.7 ms.
+    assert "met (<= 30 ms)" in rows[("native-disk", "4096")] and "met (<= 36 ms)" in rows[("native-cpu", "4096")]
+    # Faster, but fewer cached tokens than theirs: missed.
+    assert "MISSED" in rows[("native-disk", "2048")] and "MISSED" in rows[("native-cpu", "2048")]
+    near = {**run, "cells": [hit("kvoffload-disk", 4096, 1.0, 30.1, 4096), hit("native-disk", 4096, 1.0, 28.5, 4096)]}
+    assert "MISSED (<= 30 ms)" in side_by_side_lines(near)[1]  # 1.056x: a near miss fails
