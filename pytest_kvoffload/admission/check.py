@@ -83,9 +83,10 @@ def measure_round(recorder: Recorder, backend: Backend, endpoint, prefix: int, r
 
 
 def block_variant(backend: Backend, suffix: str, block: int, **options) -> Backend:
-    """A variant storing one KV block a chunk, so that frontier prefixes fall on whole blocks."""
-    variant = with_connector_options(backend, suffix, chunk_tokens=block, **options)
-    return dataclasses.replace(variant, tier_granularity=lambda settings: block)
+    """A variant writing one KV block a chunk file. The connector matches block by block at any chunk size,
+    but a prefix ending inside a larger file reads that file whole: with one block a file, every frontier
+    prefix reads exactly its own bytes."""
+    return with_connector_options(backend, suffix, chunk_tokens=block, **options)
 
 
 def decisions(control: dict, guarded: dict, ratio_of) -> dict[int, list[judge.Decision]]:

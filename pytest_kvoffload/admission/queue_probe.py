@@ -102,11 +102,16 @@ def run_bursts(recorder: Recorder, backend, endpoint, lengths, fractions, step: 
 
 
 def measured_overlap(probes, tier, kv_bytes_per_token: int, step: int) -> float | None:
-    """The calibration's queue_overlap from probes whose loads were all taken (analysis.queue_overlap)."""
-    if not probes or not tier.get("bandwidth_gbps"):
+    """The calibration's queue_overlap from probes whose loads were all taken (analysis.queue_overlap).
+
+    A bandwidth the calibration could not resolve (its loads' transfer took less time than the rounds'
+    noise) is priced as the admission rule prices it: no time per token, the fixed cost alone. That
+    underestimates a load, and so the share of the queue it hides in: it errs towards recompute."""
+    if not probes:
         return None
     recompute = RecomputeFit(**tier["recompute"])
-    seconds_per_token = kv_bytes_per_token / (tier["bandwidth_gbps"] * 1e9)
+    gbps = tier.get("bandwidth_gbps")
+    seconds_per_token = kv_bytes_per_token / (gbps * 1e9) if gbps else 0.0
     background = next(iter(probes.values()))["background_tokens"]
     wait = recompute(background) - recompute(min(background, step))
     samples = [(length, r["disk_tokens"], r["hit_s"], r["cold_s"])

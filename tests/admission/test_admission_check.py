@@ -221,3 +221,19 @@ def test_recorded_rounds_of_each_rule_are_judged_as_the_suite_judged_them(path):
         # none was slower: docs/admission.md, "What it cannot prove".
         _, _, real = recorded(path.with_name("queue.json"))
         assert not failed and [v.admitted for v in queue] == [v.admitted for v in real]
+
+
+def test_the_queue_overlap_is_measured_when_the_bandwidth_is_unresolved():
+    from pytest_kvoffload.admission.queue_probe import measured_overlap
+
+    # Loads of 0.1 s fixed cost behind 2,000 tokens of prefill ahead, each hit 60% of the way through the
+    # queue faster than the fluid model's no-overlap case: e = 0.6 with the bandwidth known or not.
+    unresolved = {**tier(), "bandwidth_gbps": None, "fixed_s": 0.1}
+    wait = RECOMPUTE(4048) - RECOMPUTE(2048)
+    load, saved = 0.1 - RECOMPUTE.a, RECOMPUTE(512) - RECOMPUTE(0)
+    cold = 1.0
+    hit = cold + load - saved - 0.6 * wait
+    probes = {(640, 0.8): {"background_tokens": 4048, "rounds": [{"disk_tokens": 512, "hit_s": hit, "cold_s": cold}]}}
+    assert measured_overlap(probes, unresolved, KV, 2048) == pytest.approx(0.6)
+    # The control: no probes, no figure (the rule then gives the queue no credit).
+    assert measured_overlap({}, unresolved, KV, 2048) is None
