@@ -129,12 +129,16 @@ class ChunkIndex:
 
     def locate(self, keys: list[str]) -> list[tuple[str, int, list[tuple[int, int]]]]:
         """Where stored blocks are: [(file key, blocks in the file, [(position in the file, index into
-        `keys`)])], files in the order of their first block. Every key must be stored (lookup)."""
+        `keys`)])], files in the order of their first block. The keys come from a lookup in the same
+        scheduler pass, so all are stored; one that is not (a bug) is sent as a one-block file of its own
+        key, which the worker finds missing: a counted miss, recomputed, never a failed engine step."""
         files: dict[str, list[tuple[int, int]]] = {}
+        counts: dict[str, int] = {}
         for i, key in enumerate(keys):
-            file, position = self._where[key]
+            file, position = self._where.get(key, (key, 0))
             files.setdefault(file, []).append((position, i))
-        return [(file, len(self._file_blocks[file]), slots) for file, slots in files.items()]
+            counts[file] = len(self._file_blocks.get(file, (key,)))
+        return [(file, counts[file], slots) for file, slots in files.items()]
 
     def files_of(self, keys: list[str]) -> list[str]:
         """The files serving the stored ones of `keys`."""

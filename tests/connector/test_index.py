@@ -83,6 +83,7 @@ def test_a_restarted_index_holds_the_files_on_disk_in_their_age_order(tmp_path):
     index = ChunkIndex(tmp_path, FILE_LAYOUT.file_bytes + FILE_LAYOUT.file_bytes_for(1), None)
     assert index.lookup([a, b, c]) == 3 and index.chunk_bytes == FILE_LAYOUT.file_bytes
     assert index.locate([a, b, c]) == [(b, 2, [(0, 0), (1, 1)]), (c, 1, [(0, 2)])]
+    assert index.locate([d]) == [(d, 1, [(0, 0)])]  # not stored: a file the worker will find missing
     stored(index, [d])
     assert index.take_deletions() == (False, [b])
 
