@@ -105,15 +105,11 @@ class Admission:
         return self.kv_bytes_per_token / self.online_bps if self.online else self.seconds_per_token
 
     def predicted(self, load_tokens: int, local_tokens: int, prompt_tokens: int | None = None) -> tuple[float, float]:
-        """(load seconds, seconds of the recompute it replaces). A load that covers the whole prompt still
-        leaves its last token to compute (vLLM computes one token to sample from), so it replaces the
-        recompute of one token fewer than it loads."""
+        """(load seconds, seconds of the recompute it replaces; costs.load_and_recompute)."""
         # static:no-fixed plants a rule blind to the load's fixed cost: it sees only the base cost a.
         fixed = self.recompute.a if self.planted.no_fixed else self.fixed_s
         load, recompute = load_and_recompute(load_tokens, local_tokens, self.recompute, fixed,
-                                             self.transfer_seconds_per_token())
-        if prompt_tokens is not None and local_tokens + load_tokens >= prompt_tokens:
-            recompute = self.recompute(prompt_tokens - 1) - self.recompute(local_tokens)
+                                             self.transfer_seconds_per_token(), prompt_tokens)
         return load * self.planted.scale, recompute
 
     def queue_wait(self, ahead: Iterable[tuple[int, int]]) -> float:

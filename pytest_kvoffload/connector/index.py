@@ -82,8 +82,7 @@ class ChunkIndex:
 
     def _add_file(self, key: str, size: int, blocks: list[str]) -> None:
         """A file in place: each of its blocks now served from it (the newest file wins)."""
-        self._present[key] = size
-        self._present.move_to_end(key)
+        self._present[key] = size  # a new key: the most recently used
         self._used += size
         self._file_blocks[key] = blocks
         self._serving[key] = 0
@@ -133,12 +132,10 @@ class ChunkIndex:
         scheduler pass, so all are stored; one that is not (a bug) is sent as a one-block file of its own
         key, which the worker finds missing: a counted miss, recomputed, never a failed engine step."""
         files: dict[str, list[tuple[int, int]]] = {}
-        counts: dict[str, int] = {}
         for i, key in enumerate(keys):
             file, position = self._where.get(key, (key, 0))
             files.setdefault(file, []).append((position, i))
-            counts[file] = len(self._file_blocks.get(file, (key,)))
-        return [(file, counts[file], slots) for file, slots in files.items()]
+        return [(file, len(self._file_blocks.get(file, (file,))), slots) for file, slots in files.items()]
 
     def files_of(self, keys: list[str]) -> list[str]:
         """The files serving the stored ones of `keys`."""

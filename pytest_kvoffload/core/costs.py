@@ -53,16 +53,19 @@ class TierFit:
 
 
 def load_and_recompute(tokens: float, local: float, recompute: RecomputeFit, fixed_s: float,
-                       seconds_per_token: float) -> tuple[float, float]:
+                       seconds_per_token: float, prompt_tokens: float | None = None) -> tuple[float, float]:
     """What loading `tokens` (on top of `local` tokens already in the engine) adds to a request, and what
     recomputing them costs instead; the one definition of "a load pays" (load < recompute) that the
     break-even prefix and the connector's admission rule share.
 
     Both fits measure TTFT, so the tier's fixed cost includes the base cost every request pays
-    (recompute.a, the cold curve's intercept): only what lies above that base is the load's.
+    (recompute.a, the cold curve's intercept): only what lies above that base is the load's. A load that
+    covers the whole prompt (of `prompt_tokens`, where given) still leaves its last token to compute (vLLM
+    computes one token to sample from), so it replaces the recompute of one token fewer than it loads.
     """
     load = fixed_s - recompute.a + tokens * seconds_per_token
-    return load, recompute(local + tokens) - recompute(local)
+    replaced = tokens if prompt_tokens is None or local + tokens < prompt_tokens else prompt_tokens - 1 - local
+    return load, recompute(local + replaced) - recompute(local)
 
 
 def break_even_bandwidth(n: int, recompute: RecomputeFit, fixed_s: float, kv_bytes_per_token: int) -> float:
