@@ -21,7 +21,8 @@ from pathlib import Path
 from pytest_kvoffload.serve.client import stream_completion
 from pytest_kvoffload.core.models import load_model
 from pytest_kvoffload.measure.prompts import make_prompt
-from pytest_kvoffload.serve.server import VllmServer, free_port
+from pytest_kvoffload.serve.processes import free_port
+from pytest_kvoffload.serve.server import VllmServer
 
 
 def main(dtype: str, mode: str, *env_pairs: str) -> None:

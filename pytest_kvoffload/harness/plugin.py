@@ -74,6 +74,8 @@ def check_server_commands(settings: Settings, registry) -> None:
 def pytest_configure(config):
     config.addinivalue_line("markers", "kv_after_cells: runs after the other tests of its backend, whose "
                                        "measured cells it reads (the break-even, the recompute fit)")
+    config.addinivalue_line("markers", "kv_kills_server: runs after every other test of its backend (it kills "
+                                       "that backend's server)")
     config.addinivalue_line("markers", server_plan.MARKER_HELP)
     registry = default_registry()
     config.hook.pytest_kvoffload_register_backends(registry=registry)
@@ -178,19 +180,25 @@ def pytest_collection_modifyitems(config, items):
 def after_cells_last(items: list) -> list:
     """Tests marked kv_after_cells (they read the break-even or the recompute fit of the cells measured
     before them) move to just after the last other test of their backend, order kept otherwise: there
-    that backend's server is still up, and its cells are measured."""
+    that backend's server is still up, and its cells are measured. Those marked kv_kills_server (a test
+    that kills the backend's server to watch the failure) come after every other test of it."""
     def backend(item):
         callspec = getattr(item, "callspec", None)
         return callspec.params.get("kv_backend") if callspec else None
 
+    def kills(item):
+        return item.get_closest_marker("kv_kills_server") is not None
+
     def marked(item):
-        return backend(item) is not None and item.get_closest_marker("kv_after_cells") is not None
+        return backend(item) is not None and (item.get_closest_marker("kv_after_cells") is not None or kills(item))
 
     last = {backend(item): i for i, item in enumerate(items) if not marked(item)}
     waiting: dict = {}
     for item in items:
         if marked(item) and backend(item) in last:
             waiting.setdefault(backend(item), []).append(item)
+    for group in waiting.values():
+        group.sort(key=kills)  # stable: the others keep their order
     ordered = []
     for i, item in enumerate(items):
         if marked(item) and backend(item) in last:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 import shutil
 import time
@@ -12,8 +14,9 @@ import requests
 from pytest_kvoffload.harness import environment
 from pytest_kvoffload.core import machine
 from pytest_kvoffload.serve import page_cache
-from pytest_kvoffload.serve.backends import Backend, BackendRegistry, LaunchContext, interpreter_versions, server_command
+from pytest_kvoffload.serve.backends import Backend, BackendRegistry, LaunchContext, interpreter_versions, server_launch
 from pytest_kvoffload.serve.client import Endpoint
+from pytest_kvoffload.serve.companion import Companion
 from pytest_kvoffload.measure.context import Recorder, Servers
 from pytest_kvoffload.harness.distributed import merge_runs, worker_records
 from pytest_kvoffload.serve.metrics import histograms, merge_histograms
@@ -21,7 +24,8 @@ from pytest_kvoffload.core.progress import Say, print_line
 from pytest_kvoffload.record.run_record import RunWriter
 from pytest_kvoffload.record.results import compute_results
 from pytest_kvoffload.record.run_files import write_run_files
-from pytest_kvoffload.serve.server import ServerPool, VllmServer, free_port
+from pytest_kvoffload.serve.processes import free_port
+from pytest_kvoffload.serve.server import ServerPool, VllmServer
 from pytest_kvoffload.core.settings import Settings
 from pytest_kvoffload.measure.prefill_speed import PrefillSpeed, lengths_within, measure_prefill
 from pytest_kvoffload.record.stats import cell_table
@@ -132,12 +136,19 @@ class KVSession:
             context = self.context(backend)
             if backend.reset_tier is not None:
                 backend.reset_tier(context)  # a tier that survives resets starts empty
-            argv, env = server_command(backend, context, port)
+            launch = server_launch(backend, context, port)
             if self.devices is not None:
-                env["CUDA_VISIBLE_DEVICES"] = self.devices
-            self.progress(f"starting vLLM for {backend.name} on port {port}; log {self.run_dir() / 'logs'}")
-            return VllmServer(backend.name, argv, env, port, self.run_dir() / "logs" / f"{backend.name}.log",
-                              self.settings.model.name)
+                launch.env["CUDA_VISIBLE_DEVICES"] = self.devices
+            logs = self.run_dir() / "logs"
+            companion = None
+            if launch.companion is not None:
+                spec = launch.companion
+                companion = Companion(dataclasses.replace(spec, env={**os.environ, **spec.env}),
+                                      logs / f"{backend.name}.companion.log")
+            self.progress(f"starting vLLM for {backend.name} on port {port}"
+                          + (f", with {launch.companion.name}" if companion else "") + f"; log {logs}")
+            return VllmServer(backend.name, launch.argv, launch.env, port, logs / f"{backend.name}.log",
+                              self.settings.model.name, companion)
 
         started = not self.pool.has(backend.name)
         clock = time.monotonic()
@@ -153,11 +164,19 @@ class KVSession:
             self.run_record().set("server_starts", [{"server": n, "seconds": round(t, 1)} for n, t in self.starts])
             self.add_phase("server start-ups", self.start_seconds[-1])
             info = {"argv": server.argv, "log": str(server.log_path), "user_facing": backend.user_facing}
+            # The tier folders and their I/O mode are on vLLM's command line, or on its companion's.
+            command_lines = server.argv
+            if server.companion is not None:
+                info["companion"] = {"name": server.companion.spec.name, "argv": server.companion.spec.argv,
+                                     "log": str(server.companion.log_path)}
+                command_lines = server.argv + server.companion.spec.argv
+            if backend.started_facts is not None:
+                info.update(backend.started_facts(server.log_path))
             if backend.python:
                 info.update(python=backend.python, versions=interpreter_versions(backend.python))
-            folders = page_cache.tier_folders(server.argv)
+            folders = page_cache.tier_folders(command_lines)
             if folders:
-                mode = page_cache.io_mode(folders[-1], page_cache.configured_direct(server.argv))
+                mode = page_cache.io_mode(folders[-1], page_cache.configured_direct(command_lines))
                 self.tier_io[backend.name] = (folders, mode)
                 info["tier_io"] = {"folders": [str(f) for f in folders], "mode": mode,
                                    "page_cache": self.settings.page_cache if mode == "buffered" else "not used"}

@@ -78,11 +78,12 @@ class Expectation:
 
 
 def expectation(cell: Cell, prefix_tokens: int, block_size: int, tier: str | None, tier_granularity: int,
-                last_block_source: str | None = None) -> Expectation:
+                last_block_source: str | None = None, all_but_last_token: bool = False) -> Expectation:
     """What a cell's measured request must report by source.
 
     `last_block_source`: the tier that serves a prompt's last block when the engine cannot (None: none
-    does); it then joins an engine hit with that block and makes a tier hit cover it.
+    does); it then joins an engine hit with that block and makes a tier hit cover it. `all_but_last_token`:
+    that tier counts a whole prompt as all of its tokens but the last (prompts.expected_cached).
     """
     if cell.state is State.COLD:
         return Expectation(None, 0)
@@ -90,9 +91,11 @@ def expectation(cell: Cell, prefix_tokens: int, block_size: int, tier: str | Non
         device = expected_cached(prefix_tokens, cell.length, block_size)
         if last_block_source is None:
             return Expectation("device", device)
-        tail = expected_cached(prefix_tokens, cell.length, block_size, tier_granularity, last_block=True) - device
+        tail = expected_cached(prefix_tokens, cell.length, block_size, tier_granularity, last_block=True,
+                               all_but_last_token=all_but_last_token) - device
         return Expectation("device", device, last_block_source, tail) if tail > 0 else Expectation("device", device)
     if tier is None:
         raise ValueError("a tier-hit cell needs a backend with an offload tier")
     return Expectation(tier, expected_cached(prefix_tokens, cell.length, block_size, tier_granularity,
-                                             last_block=last_block_source is not None))
+                                             last_block=last_block_source is not None,
+                                             all_but_last_token=all_but_last_token))

@@ -58,15 +58,20 @@ def make_prompt(length: int, fraction: float, *, seed: int = 0, salt: str = "", 
 
 
 def expected_cached(prefix_tokens: int, prompt_tokens: int, block_size: int, granularity: int | None = None,
-                    last_block: bool = False) -> int:
+                    last_block: bool = False, all_but_last_token: bool = False) -> int:
     """Tokens a cache can serve: whole storage units of the shared prefix, cut to whole KV blocks
     that leave at least one prompt token to compute (vLLM always computes the last one).
 
     With `last_block` the cache may also serve the block that holds the prompt's last token: vLLM's
     OffloadingConnector offers it, the scheduler takes the whole prompt as loaded and recomputes only
     that token (`_update_waiting_for_remote_kv`); the engine's own cache never offers it.
+    With `all_but_last_token` as well, a cache that holds the whole prompt in whole units serves and counts
+    every token but the last: LMCache's MP connector (`get_num_new_matched_tokens`; its lookups end on
+    chunk boundaries, so a prompt of 384 tokens in chunks of 256 is served 256).
     """
     unit = granularity or block_size
     stored = prefix_tokens // unit * unit
+    if last_block and all_but_last_token and stored == prompt_tokens:
+        return prompt_tokens - 1
     loadable = (prompt_tokens if last_block else max(0, prompt_tokens - 1)) // block_size * block_size
     return min(stored, loadable)

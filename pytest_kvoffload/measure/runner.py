@@ -143,7 +143,8 @@ class CellRunner:
         attach_sources(self.endpoint, self._before, result)
         settings = self.recorder.settings
         expect = expectation(self.cell, len(self._prompt.prefix), settings.block_size, self.backend.tier,
-                             self.backend.granularity(settings), self.backend.last_block_source)
+                             self.backend.granularity(settings), self.backend.last_block_source,
+                             self.backend.serves_all_but_last_token)
         if result.connector.get("kvoffload:loads_declined_total"):
             # The admission rule chose to recompute: nothing may come from the tier.
             expect = Expectation(None, 0)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from pytest_kvoffload.serve import compile_cache
+from pytest_kvoffload.serve.companion import CompanionSpec
 from pytest_kvoffload.core import machine
 from pytest_kvoffload.core.settings import Settings
 
@@ -32,8 +33,20 @@ class LaunchContext:
 
 @dataclass(frozen=True)
 class ServerSpec:
+    """What a backend adds to vLLM's command line and environment, and the process it needs beside vLLM."""
+
     args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    companion: CompanionSpec | None = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A server's full command line and environment, and its companion's (None: vLLM alone)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    companion: CompanionSpec | None = None
 
 
 def _no_extra(ctx: LaunchContext) -> ServerSpec:
@@ -71,6 +84,12 @@ class Backend:
     # The tier that serves a prompt's last KV block, which the engine's own cache never serves; None when
     # the backend's connector, like the engine, leaves it to be computed (prompts.expected_cached).
     last_block_source: str | None = None
+    # How it counts a prompt it holds whole: False, vLLM's offloading and ours, every whole block (the
+    # last one too; vLLM then recomputes one token); True, LMCache's MP connector, every token but the
+    # last (it reports len(prompt) - 1: lmcache_mp_connector.py).
+    serves_all_but_last_token: bool = False
+    # What a started server's log says of it, for run.json (which connector class vLLM loaded).
+    started_facts: Callable[[Path], dict] | None = None
     # What differs on this platform from the backend as users deploy it, in one line (None: nothing).
     platform_note: Callable[[], str | None] = lambda: None
     # kv_connector_extra_config keys a variant (NAME[KEY=VALUE,...]) may set; empty: the backend has none.
@@ -119,6 +138,12 @@ class BackendRegistry:
 
 def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[list[str], dict[str, str]]:
     """The full vLLM command line and environment for one backend's server."""
+    launch = server_launch(backend, ctx, port)
+    return launch.argv, launch.env
+
+
+def server_launch(backend: Backend, ctx: LaunchContext, port: int) -> Launch:
+    """server_command's command line and environment, with the backend's companion process."""
     settings = ctx.settings
     model = settings.model
     argv = [
@@ -146,6 +171,10 @@ def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[lis
         utilization = settings.gpu_memory_utilization / (2 if settings.ab else 1)
         argv += ["--gpu-memory-utilization", f"{utilization:g}"]
     spec = backend.configure(ctx)
+    companion = spec.companion
+    if companion is not None and backend.python and companion.argv[0] == sys.executable:
+        # The companion comes from the same installation as the server's vLLM (--kv-backend-python).
+        companion = dataclasses.replace(companion, argv=[backend.python, *companion.argv[1:]])
     argv += spec.args
     argv += list(settings.server_args)
     env = dict(os.environ)
@@ -166,7 +195,7 @@ def server_command(backend: Backend, ctx: LaunchContext, port: int) -> tuple[lis
     problem = offloading_spec_problem(backend.name, argv, machine.has_cuda())
     if problem:
         raise BackendConfigError(problem)
-    return argv, env
+    return Launch(argv, env, companion)
 
 
 # vLLM's spec -> its CPU-platform twin; named here so that building a command line does not import vLLM.

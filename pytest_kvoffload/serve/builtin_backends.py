@@ -1,5 +1,6 @@
-"""The five built-in backends (docs/backends.md): gpu-only, native-cpu, native-disk, lmcache-disk and
-kvoffload-disk, each its server's command line, how its tier is emptied and how a load from it is proved."""
+"""The built-in backends (docs/backends.md): gpu-only, native-cpu, native-disk, lmcache-disk, kvoffload-disk
+and lmcache-inproc-disk (CUDA only), each its server's command line, how its tier is emptied and how a load
+from it is proved."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pytest_kvoffload.connector.config import OPTIONS as CONNECTOR_OPTIONS
 from pytest_kvoffload.connector.config import default_chunk_tokens
 from pytest_kvoffload.core import machine
 from pytest_kvoffload.core.settings import Settings
+from pytest_kvoffload.serve import lmcache
 from pytest_kvoffload.serve.backends import (CPU_PLATFORM_SPEC_MODULE, CPU_PLATFORM_SPECS, Backend, BackendRegistry,
                                              LaunchContext, ServerSpec)
 
@@ -94,7 +96,16 @@ def _native_disk(ctx: LaunchContext) -> ServerSpec:
 
 
 def _lmcache_disk(ctx: LaunchContext) -> ServerSpec:
-    disk = ctx.scratch / "lmcache-disk"
+    # LMCache's multiprocess server holds the tiers (serve/lmcache.py); the hybrid KV cache manager is
+    # off because LMCacheMPConnector refuses it.
+    companion, port = lmcache.server_spec(ctx.scratch, ctx.settings.cpu_gib)
+    config = lmcache.connector_config(port)
+    return ServerSpec(args=["--disable-hybrid-kv-cache-manager", "--kv-transfer-config", json.dumps(config)],
+                      env=dict(lmcache.NO_TELEMETRY), companion=companion)
+
+
+def _lmcache_inproc_disk(ctx: LaunchContext) -> ServerSpec:
+    disk = ctx.scratch / "lmcache-inproc-disk"
     disk.mkdir(parents=True, exist_ok=True)
     config = {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
     env = {
@@ -163,15 +174,18 @@ def builtin_backends() -> list[Backend]:
         ),
         Backend(
             name="lmcache-disk",
-            description="LMCache with a local disk tier",
-            # vLLM's LMCacheConnectorV1 names no cache-hit source, so its hits count as external_unspecified.
+            description="LMCache's multiprocess server with its file-system tier (skip_l1: hits read the files)",
+            # vLLM's LMCache connectors name no cache-hit source, so their hits count as external_unspecified.
             tier="external_unspecified",
-            needs_cuda=True,
-            cuda_reason=("LMCache 0.5.6 has no CPU connector (CreateGPUConnector raises for cpu) and its wheel "
-                         "needs CUDA (cupy-cuda13x, libcudart); docs/backends.md"),
             configure=_lmcache_disk,
-            tier_granularity=lambda s: 256,
-            reset_tier=lambda ctx: _empty_folder(ctx.scratch / "lmcache-disk"),
+            tier_granularity=lambda s: lmcache.CHUNK_TOKENS,
+            # Whole chunks only; a prompt it holds whole it serves but for the last token (prompts.expected_cached).
+            last_block_source="external_unspecified",
+            serves_all_but_last_token=True,
+            load_proof=lmcache.load_proof,
+            started_facts=lmcache.started_facts,
+            # LMCache indexes its files when its server starts: each start begins with an empty folder.
+            reset_tier=lambda ctx: _empty_folder(lmcache.l2_folder(ctx.scratch)),
         ),
         Backend(
             name="native-disk",
@@ -198,6 +212,17 @@ def builtin_backends() -> list[Backend]:
             # a load_mode=sync variant leaves it to the engine: harness/backend_options.py).
             last_block_source="disk",
             load_proof=kvoffload_load_proof,
+        ),
+        Backend(
+            name="lmcache-inproc-disk",
+            description="LMCache's in-process connector (LMCacheConnectorV1) with a local disk tier",
+            tier="external_unspecified",
+            needs_cuda=True,
+            cuda_reason=("LMCache 0.5.6's in-process connector has no CPU path (CreateGPUConnector raises for "
+                         "cpu); lmcache-disk runs LMCache's multiprocess server instead; docs/backends.md"),
+            configure=_lmcache_inproc_disk,
+            tier_granularity=lambda s: lmcache.CHUNK_TOKENS,
+            reset_tier=lambda ctx: _empty_folder(ctx.scratch / "lmcache-inproc-disk"),
         ),
     ]
 

@@ -49,6 +49,10 @@ class Snapshot:
     cached_by_source: dict[str, float]
     extra: dict[str, float]
 
+    def with_extra(self, extra: dict[str, float]) -> "Snapshot":
+        """This snapshot with another process's counters (a backend's companion) among the extra ones."""
+        return Snapshot(self.prompt_tokens, self.cached_by_source, {**self.extra, **extra})
+
     def delta(self, before: "Snapshot") -> "Snapshot":
         sources = set(self.cached_by_source) | set(before.cached_by_source)
         keys = set(self.extra) | set(before.extra)

@@ -30,20 +30,41 @@ def _connector_extra(argv: list[str]) -> dict:
     return config.get("kv_connector_extra_config") or {}
 
 
+def _fs_adapters(argv: list[str]) -> list[dict]:
+    """The fs L2 adapters an LMCache server's command line configures (--l2-adapter JSON, repeatable)."""
+    adapters = []
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--l2-adapter":
+            try:
+                adapter = json.loads(argv[i + 1])
+            except ValueError:
+                continue
+            if isinstance(adapter, dict) and adapter.get("type") == "fs" and adapter.get("base_path"):
+                adapters.append(adapter)
+    return adapters
+
+
 def tier_folders(argv: list[str]) -> list[Path]:
-    """The disk-tier folders a vLLM command line configures: our connector's store_dir and vLLM's fs
-    tiers' root_dir (an LMCache server's fs adapter names its base_path on its own command line)."""
+    """The disk-tier folders a command line configures: our connector's store_dir and vLLM's fs tiers'
+    root_dir on vLLM's, an LMCache server's fs adapters' base_path on its own (pass both, joined)."""
     extra = _connector_extra(argv)
     folders = [Path(extra["store_dir"])] if extra.get("store_dir") else []
     folders += [Path(tier["root_dir"]) for tier in extra.get("secondary_tiers") or []
                 if tier.get("type") == "fs" and tier.get("root_dir")]
+    folders += [Path(adapter["base_path"]) for adapter in _fs_adapters(argv)]
     return folders
 
 
+def _on(value) -> bool:
+    return str(value).lower() not in ("false", "0", "no", "off")
+
+
 def configured_direct(argv: list[str]) -> bool:
-    """False where the command line turns O_DIRECT off (our connector's direct_io=false)."""
+    """False where the command line turns O_DIRECT off (our connector's direct_io=false) or leaves it off
+    (an LMCache fs adapter without use_odirect: buffered is its default)."""
     extra = _connector_extra(argv)
-    return str(extra.get("direct_io", True)).lower() not in ("false", "0", "no", "off")
+    adapters = _fs_adapters(argv)
+    return _on(extra.get("direct_io", True)) and all(_on(a.get("use_odirect", False)) for a in adapters)
 
 
 def direct_io_works(folder: Path) -> bool:

@@ -7,57 +7,35 @@ on Ctrl-C and on SIGTERM (see harness/plugin.py), and `ServerPool.stop_all` is i
 
 from __future__ import annotations
 
-import ctypes
-import os
 import re
-import signal
-import socket
 import subprocess
 import time
-from collections import deque
 from pathlib import Path
 from typing import Callable
 
-from pytest_kvoffload.serve.client import Endpoint
 from pytest_kvoffload.core.progress import Say
+from pytest_kvoffload.serve.client import Endpoint
+from pytest_kvoffload.serve.companion import Companion
+from pytest_kvoffload.serve.metrics import Snapshot
+from pytest_kvoffload.serve.processes import log_tail, start_in_group, stop_group, unlink_all
 
 
 class ServerStartError(RuntimeError):
     """The server exited or missed its health deadline; the message carries the log's last lines."""
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def log_tail(path: Path, lines: int = 25) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            return "".join(deque(fh, maxlen=lines))
-    except OSError:
-        return "(no log)"
-
-
-def _die_with_parent() -> None:
-    # If pytest itself is killed with SIGKILL no handler runs; the kernel then stops the API server.
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 class VllmServer(Endpoint):
+    """One vLLM server's process group, and the companion process its backend runs beside it, if any."""
+
     def __init__(self, name: str, argv: list[str], env: dict[str, str], port: int, log_path: Path,
-                 model_name: str) -> None:
+                 model_name: str, companion: Companion | None = None) -> None:
         super().__init__(f"http://127.0.0.1:{port}", model_name)
         self.name = name
         self.argv = argv
         self.env = env
         self.port = port
         self.log_path = log_path
+        self.companion = companion
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -65,15 +43,20 @@ class VllmServer(Endpoint):
         return self.proc.pid if self.proc else None
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        try:
-            self.proc = subprocess.Popen(
-                self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=_die_with_parent,
-            )
-        finally:
-            log.close()
+        # The companion starts first but is not waited for: vLLM connects to it only once its worker is
+        # up, 15 s or more into its start-up, while LMCache's server is ready after 3 to 5 s.
+        if self.companion is not None:
+            self.companion.start()
+        self.proc = start_in_group(self.argv, self.env, self.log_path)
+
+    def failure(self, during: str) -> str | None:
+        """Why this server cannot serve (vLLM or its companion exited), with the log's tail; else None."""
+        code = self.proc.poll() if self.proc else None
+        if code is not None:
+            return (f"{self.name}: vLLM exited with code {code} {during}; log {self.log_path}, last lines:\n"
+                    + log_tail(self.log_path))
+        problem = self.companion.failure(during) if self.companion is not None else None
+        return f"{self.name}: {problem}" if problem else None
 
     def wait_healthy(self, timeout: float, progress: Say = lambda message, update=False: None,
                      every: float = 5.0, expected_s: float | None = None) -> float:
@@ -83,13 +66,10 @@ class VllmServer(Endpoint):
         started = time.monotonic()
         next_note = started + every
         while True:
-            code = self.proc.poll()
-            if code is not None:
-                raise ServerStartError(
-                    f"{self.name}: vLLM exited with code {code} during start-up; log {self.log_path}, last lines:\n"
-                    + log_tail(self.log_path)
-                )
-            if self.healthy():
+            problem = self.failure("during start-up")
+            if problem:
+                raise ServerStartError(problem)
+            if self.healthy() and (self.companion is None or self.companion.ready()):
                 return time.monotonic() - started
             now = time.monotonic()
             if now - started > timeout:
@@ -106,33 +86,22 @@ class VllmServer(Endpoint):
                 next_note = now + every
             time.sleep(0.5)
 
+    def metrics(self) -> Snapshot:
+        """vLLM's counters, with the companion's (its tier's reads) among the extra ones."""
+        own = super().metrics()
+        if self.companion is None or self.companion.exit_code() is not None:
+            return own
+        return own.with_extra(self.companion.metrics().extra)
+
     def stop(self, grace: float = 20.0) -> None:
-        """SIGTERM the whole group, then SIGKILL what is left after `grace` seconds."""
-        if self.proc is None:
-            return
-        self.http.close()
-        shared = shared_memory_files(self.pgid)
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.pgid, sig)
-            except ProcessLookupError:
-                break
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                try:
-                    self.proc.wait(timeout=0.2)
-                except subprocess.TimeoutExpired:
-                    pass
-                if not group_has_live_members(self.pgid):
-                    break
-            if not group_has_live_members(self.pgid):
-                break
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        remove_shared_regions(self.log_path)
-        remove_left_shared_memory(shared)
+        """SIGTERM the whole group, then SIGKILL what is left after `grace` seconds; the companion after it
+        (vLLM's worker holds the companion's shared memory until it exits)."""
+        if self.proc is not None:
+            self.http.close()
+            stop_group(self.proc, grace)
+            remove_shared_regions(self.log_path)
+        if self.companion is not None:
+            self.companion.stop()
 
 
 # An idle vLLM worker busy-polls for about 1 s after each message, on a core another server's worker may
@@ -154,69 +123,6 @@ def remove_shared_regions(log_path: Path) -> list[str]:
     return unlink_all(match.group(1).decode() for match in _SHARED_REGION.finditer(text))
 
 
-def unlink_all(paths) -> list[str]:
-    """Remove each of `paths`; returns those removed (one already gone is no error)."""
-    removed = []
-    for path in paths:
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except FileNotFoundError:
-            pass
-    return removed
-
-
-def group_members(pgid: int | None = None) -> list[int]:
-    """The live (non-zombie) processes of the group, or of the machine where `pgid` is None (from /proc)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 2 and (pgid is None or int(fields[2]) == pgid) and fields[0] != "Z":
-            members.append(int(entry))
-    return members
-
-
-def group_has_live_members(pgid: int) -> bool:
-    """Whether any non-zombie process still belongs to the group (read from /proc)."""
-    return bool(group_members(pgid))
-
-
-SHM = "/dev/shm/"
-
-
-def shared_memory_files(pgid: int | None = None) -> set[str]:
-    """The /dev/shm files the group's processes (every process where `pgid` is None) have mapped or open.
-
-    vLLM's message queues between its processes are Python SharedMemory segments there (psm_*, 160 MiB
-    each seen); a server stopped with SIGKILL, its resource tracker with it, leaves them behind, in RAM."""
-    files = set()
-    for pid in group_members(pgid):
-        try:
-            with open(f"/proc/{pid}/maps") as fh:
-                files.update(line.split(None, 5)[5].strip() for line in fh if SHM in line)
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if target.startswith(SHM):
-                    files.add(target)
-        except OSError:
-            continue
-    return {f.removesuffix(" (deleted)") for f in files if f.startswith(SHM) and not f.endswith(" (deleted)")}
-
-
-def remove_left_shared_memory(files: set[str]) -> list[str]:
-    """Remove those of `files` (a stopped server's, shared_memory_files) that still exist and that no live
-    process maps or holds open; returns their paths."""
-    left = {f for f in files if os.path.exists(f)}
-    if not left:
-        return []
-    return unlink_all(sorted(left - shared_memory_files()))
 
 
 class ServerPool:
@@ -238,12 +144,11 @@ class ServerPool:
         if key in self._servers:
             server = self._servers.pop(key)
             self._servers[key] = server  # most recently used last
-            code = server.proc.poll() if server.proc else None
-            if code is not None:
+            problem = server.failure("during the session")
+            if problem:
                 self.release(key)
-                self._failed[key] = (f"{key}: vLLM exited with code {code} during the session; log "
-                                     f"{server.log_path}, last lines:\n{log_tail(server.log_path)}")
-                raise ServerStartError(self._failed[key])
+                self._failed[key] = problem
+                raise ServerStartError(problem)
             return server
         while len(self._servers) >= self.max_running:
             self.release(next(iter(self._servers)))

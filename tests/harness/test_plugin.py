@@ -64,11 +64,12 @@ def test_command_line_overrides_ini(pytester):
 
 def test_cuda_backends_skip_with_one_line_reason_on_a_cpu(pytester):
     pytester.makepyfile(USES_BACKEND)
-    result = pytester.runpytest_subprocess("--kv-backend=lmcache-disk", "-rs")
+    result = pytester.runpytest_subprocess("--kv-backend=lmcache-inproc-disk", "-rs")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*SKIPPED*lmcache-disk needs an NVIDIA GPU: LMCache 0.5.6 has no CPU connector*"])
+    result.stdout.fnmatch_lines(["*SKIPPED*lmcache-inproc-disk needs an NVIDIA GPU: LMCache 0.5.6's in-process "
+                                 "connector has no CPU path*"])
     # Skipped backends are never silently dropped from the report.
-    result.stdout.fnmatch_lines(["*lmcache-disk: skipped (lmcache-disk needs an NVIDIA GPU*"])
+    result.stdout.fnmatch_lines(["*lmcache-inproc-disk: skipped (lmcache-inproc-disk needs an NVIDIA GPU*"])
 
 
 def test_grid_parametrizes_cells_and_drops_tier_cells_without_a_tier(pytester):
@@ -153,7 +154,7 @@ def pytest_kvoffload_run_finished(run, run_dir):
                                                    "summary": (run_dir / "summary.txt").is_file()}))
 """)
     pytester.makepyfile(USES_BACKEND)
-    result = pytester.runpytest_subprocess("--kv-backend=lmcache-disk")
+    result = pytester.runpytest_subprocess("--kv-backend=lmcache-inproc-disk")
     result.assert_outcomes(skipped=1)
     (run_dir,) = (pytester.path / "results").iterdir()
     import json
@@ -170,7 +171,7 @@ def test_model_given_by_absolute_path_makes_one_folder_directly_under_results(py
     model_dir = tmp_path / "some dir" / "hm"
     shutil.copytree(load_model("tiny-llama").path, model_dir)
     pytester.makepyfile(USES_BACKEND)
-    result = pytester.runpytest_subprocess(f"--kv-model={model_dir}", "--kv-weights=dummy", "--kv-backend=lmcache-disk")
+    result = pytester.runpytest_subprocess(f"--kv-model={model_dir}", "--kv-weights=dummy", "--kv-backend=lmcache-inproc-disk")
     result.assert_outcomes(skipped=1)
     (run_dir,) = (pytester.path / "results").iterdir()
     assert "-hm-" in run_dir.name and (run_dir / "run.json").is_file()

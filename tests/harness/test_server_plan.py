@@ -13,7 +13,7 @@ from pytest_kvoffload.harness.server_plan import Plan, base_name, startup_line
 ROOT = Path(__file__).resolve().parents[2]
 # make test's servers, one start-up each (docs/servers.md lists them and why). Raising this is a decision:
 # every server costs 26 to 61 s on 2 cores, and make test has 12 minutes.
-MAKE_TEST_SERVERS = 10
+MAKE_TEST_SERVERS = 11
 
 PLANNED = """
 import pytest
@@ -33,7 +33,7 @@ def test_needs_no_server(kv_backend):
     pass
 
 @kvoffload
-@pytest.mark.kv_servers("{backend}[slow]", "gpu-only", "lmcache-disk")
+@pytest.mark.kv_servers("{backend}[slow]", "gpu-only", "lmcache-inproc-disk")
 def test_starts_variants(kv_session, kv_backend):
     pass
 
@@ -57,7 +57,7 @@ def test_the_plan_lists_each_server_once_with_the_tests_that_start_it(pytester):
     assert "kvoffload-disk: test_planned.py::test_uses_the_server[kvoffload-disk] and 1 more" in out
     assert "kvoffload-disk[slow]: test_planned.py::test_starts_variants[kvoffload-disk]" in out
     assert "gpu-only: test_planned.py::test_starts_variants" in out
-    assert "  lmcache-disk:" not in out  # it needs a GPU: its tests skip
+    assert "  lmcache-inproc-disk:" not in out  # it needs a GPU: its tests skip
     assert "passed" not in out and not (pytester.path / "results").exists()  # nothing ran, nothing started
 
 

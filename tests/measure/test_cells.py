@@ -37,6 +37,22 @@ def test_a_tier_that_serves_the_last_block_joins_engine_hits_and_covers_the_whol
     assert half == Expectation("device", 512) and half.check({"device": 512}) is None
 
 
+def test_lmcache_counts_a_prompt_it_holds_whole_as_all_tokens_but_the_last():
+    # Seen with LMCacheMPConnector (lmcache-disk, block 128, chunk 256): 1,280 tokens, engine 1,152 +
+    # external 127, tier 1,279; 384 tokens (its last chunk partial, never stored): engine 256, tier 256.
+    kw = dict(last_block_source="external_unspecified", all_but_last_token=True)
+    lm = "external_unspecified"
+    assert expectation(Cell(1280, 1.0, State.ENGINE_HIT), 1280, 128, lm, 256, **kw) == \
+        Expectation("device", 1152, lm, 127)
+    assert expectation(Cell(1280, 1.0, State.TIER_HIT), 1280, 128, lm, 256, **kw) == Expectation(lm, 1279)
+    assert expectation(Cell(384, 1.0, State.ENGINE_HIT), 384, 128, lm, 256, **kw) == Expectation("device", 256)
+    assert expectation(Cell(384, 1.0, State.TIER_HIT), 384, 128, lm, 256, **kw) == Expectation(lm, 256)
+    assert expectation(Cell(1280, 0.5, State.TIER_HIT), 640, 128, lm, 256, **kw) == Expectation(lm, 512)
+    # Near misses: vLLM's whole-block count (1,280) and one token fewer (1,278) both fail.
+    tier = expectation(Cell(1280, 1.0, State.TIER_HIT), 1280, 128, lm, 256, **kw)
+    assert tier.check({lm: 1279}) is None and tier.check({lm: 1280}) and tier.check({lm: 1278})
+
+
 def test_output_comparison_names_the_first_difference_and_forgives_only_near_ties():
     from pytest_kvoffload.measure.runner import first_difference
 

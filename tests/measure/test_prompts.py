@@ -36,6 +36,14 @@ def test_expected_cached_whole_blocks_leaving_one_token():
     assert expected_cached(100, 1024, 128) == 0
 
 
+def test_expected_cached_all_but_the_last_token_only_for_a_prompt_held_whole():
+    assert expected_cached(1280, 1280, 128, 256, last_block=True, all_but_last_token=True) == 1279
+    assert expected_cached(1280, 1280, 128, 256, last_block=True) == 1280
+    # 384 tokens in chunks of 256: the partial last chunk is not held, so 256 (not 383).
+    assert expected_cached(384, 384, 128, 256, last_block=True, all_but_last_token=True) == 256
+    assert expected_cached(1279, 1280, 128, 256, last_block=True, all_but_last_token=True) == 1024
+
+
 def test_expected_cached_in_storage_units():
     assert expected_cached(512, 1024, 128, granularity=256) == 512
     assert expected_cached(640, 1024, 128, granularity=256) == 512

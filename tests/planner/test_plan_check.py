@@ -85,6 +85,22 @@ def test_tests_that_read_cells_run_last_in_their_backends_run():
                                                         "b-replay", "c-replay"]
 
 
+def test_a_test_that_kills_its_backends_server_runs_after_every_other_test_of_it():
+    from pytest_kvoffload.harness.plugin import after_cells_last
+
+    class Item:
+        def __init__(self, name, backend, marker=None):
+            self.name, self.marker = name, marker
+            self.callspec = type("C", (), {"params": {"kv_backend": backend}})()
+
+        def get_closest_marker(self, name):
+            return True if name == self.marker else None
+
+    items = [Item("kill", "a", "kv_kills_server"), Item("a-cell", "a"), Item("a-replay", "a", "kv_after_cells"),
+             Item("b-cell", "b")]
+    assert [i.name for i in after_cells_last(items)] == ["a-cell", "a-replay", "kill", "b-cell"]
+
+
 def test_an_engine_hit_costs_the_measured_hit_base_not_the_cold_intercept():
     fit = {"a": -0.005, "b": 1e-4, "c": 0.0}  # a cold fit's intercept can be negative; a hit never is free
     plain = plan_check.profile_of_run(fit, None, None, 4096, engine_tokens=10_000, tier_capacity_bytes=0)

@@ -130,15 +130,95 @@ def test_a_server_argument_that_asks_for_vllms_spec_on_cpu_stops_the_run(pyteste
     assert "Traceback" not in result.stderr.str()
 
 
-def test_lmcache_disk_environment(tmp_path):
-    argv, env = command("lmcache-disk", tmp_path)
+def test_lmcache_inproc_disk_environment(tmp_path):
+    argv, env = command("lmcache-inproc-disk", tmp_path)
     assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == {
         "kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-    assert env["LMCACHE_LOCAL_DISK"] == f"file://{tmp_path / 'lmcache-disk'}/"
+    assert env["LMCACHE_LOCAL_DISK"] == f"file://{tmp_path / 'lmcache-inproc-disk'}/"
     assert float(env["LMCACHE_MAX_LOCAL_DISK_SIZE"]) > 0 and float(env["LMCACHE_MAX_LOCAL_CPU_SIZE"]) > 0
-    argv, env = command("lmcache-disk", tmp_path, cpu_gib=8.0, disk_gb=500.0)
+    argv, env = command("lmcache-inproc-disk", tmp_path, cpu_gib=8.0, disk_gb=500.0)
     assert (env["LMCACHE_MAX_LOCAL_CPU_SIZE"], env["LMCACHE_MAX_LOCAL_DISK_SIZE"]) == ("8.0", "500.0")
     assert env["LMCACHE_LOCAL_CPU"] == "False" and env["LMCACHE_CHUNK_SIZE"] == "256"
+
+
+def lmcache_launch(tmp_path, **kw):
+    from pytest_kvoffload.serve.backends import server_launch
+    return server_launch(default_registry().get("lmcache-disk"), LaunchContext(settings(**kw), tmp_path), 8123)
+
+
+def test_lmcache_disk_runs_lmcache_server_beside_vllm_with_its_files_as_the_only_tier(tmp_path, monkeypatch):
+    from pytest_kvoffload.core import machine
+    from pytest_kvoffload.serve import lmcache
+    monkeypatch.setattr(machine, "has_cuda", lambda: False)
+    launch = lmcache_launch(tmp_path, cpu_gib=0.5)
+    server = launch.companion.argv
+    flag = lambda name: server[server.index(name) + 1]  # noqa: E731
+    assert server[1:3] == ["-m", "lmcache.v1.multiprocess.server"]
+    assert flag("--l2-store-policy") == "skip_l1" and flag("--l1-size-gb") == "0.5"
+    assert flag("--chunk-size") == str(lmcache.CHUNK_TOKENS) and flag("--supported-transfer-mode") == "lmcache_driven"
+    adapter = json.loads(flag("--l2-adapter"))
+    assert adapter["type"] == "fs" and adapter["base_path"] == str(tmp_path / "lmcache-disk")
+    assert adapter["use_odirect"] is True  # tmp_path's filesystem takes O_DIRECT here
+    assert launch.companion.metrics_url == f"http://127.0.0.1:{flag('--prometheus-port')}/metrics"
+    config = json.loads(launch.argv[launch.argv.index("--kv-transfer-config") + 1])
+    assert config["kv_connector"] == "LMCacheMPConnector" and "--disable-hybrid-kv-cache-manager" in launch.argv
+    assert config["kv_connector_extra_config"] == {"lmcache.mp.host": "tcp://127.0.0.1",
+                                                   "lmcache.mp.port": int(flag("--port")),
+                                                   "lmcache.mp.mp_transfer_mode": "lmcache_driven"}
+    # No usage telemetry from either process.
+    assert launch.companion.env["LMCACHE_TRACK_USAGE"] == launch.env["LMCACHE_TRACK_USAGE"] == "false"
+    # The same command line on a GPU.
+    monkeypatch.setattr(machine, "has_cuda", lambda: True)
+    again = lmcache_launch(tmp_path, cpu_gib=0.5).companion.argv
+    ports = lambda argv: [a for i, a in enumerate(argv) if argv[i - 1] not in ("--port", "--prometheus-port")]  # noqa: E731
+    assert ports(again) == ports(server)
+
+
+@pytest.mark.parametrize("cuda", [True, False], ids=["cuda", "cpu"])
+def test_lmcache_server_command_parses_with_the_installed_lmcache(tmp_path, monkeypatch, cuda):
+    pytest.importorskip("lmcache")
+    import argparse
+    from lmcache.v1.distributed.config import add_storage_manager_args, parse_args_to_config
+    from lmcache.v1.mp_observability.config import add_observability_args
+    from lmcache.v1.multiprocess.config import add_mp_server_args, parse_args_to_mp_server_config
+    from pytest_kvoffload.core import machine
+    monkeypatch.setattr(machine, "has_cuda", lambda: cuda)
+    argv = lmcache_launch(tmp_path, cpu_gib=0.5).companion.argv
+    parser = argparse.ArgumentParser()
+    add_mp_server_args(parser)
+    add_storage_manager_args(parser)
+    add_observability_args(parser)
+    args = parser.parse_args(argv[3:])
+    mp = parse_args_to_mp_server_config(args)
+    assert (mp.host, mp.chunk_size) == ("127.0.0.1", 256)
+    assert mp.supported_transfer_mode == "lmcache_driven"
+    storage = parse_args_to_config(args)
+    assert storage.l1_manager_config.memory_config.size_in_bytes == 2**29
+
+
+def test_lmcache_tier_hits_count_only_if_its_server_read_the_chunks_from_disk():
+    from pytest_kvoffload.serve import lmcache
+    assert default_registry().get("lmcache-disk").load_proof is lmcache.load_proof
+    assert lmcache.load_proof({lmcache.L2_LOADED_CHUNKS: 5}, 1279, 4096) is None
+    # A near miss: one chunk short of 1,279 tokens (the last one partial) fails, naming the bytes.
+    assert lmcache.load_proof({lmcache.L2_LOADED_CHUNKS: 4}, 1279, 4096) == (
+        "LMCache's server loaded 4 chunks (4,194,304 bytes at most) from its disk tier, less than the "
+        "5,238,784 that 1279 tokens need")
+    assert lmcache.load_proof({}, 256, 4096) is not None
+
+
+def test_which_lmcache_connector_vllm_loaded_is_read_from_its_log(tmp_path):
+    from pytest_kvoffload.serve import lmcache
+    log = tmp_path / "lmcache-disk.log"
+    log.write_text("[2026-12-01 18:09:26,468] LMCache INFO: Using external LMCacheMPConnector from "
+                   "lmcache.integration.vllm.lmcache_mp_connector (lmcache_mp_connector.py:1203:vllm...)\n")
+    assert lmcache.started_facts(log) == {
+        "connector_class": "lmcache.integration.vllm.lmcache_mp_connector.LMCacheMPConnector"}
+    log.write_text("INFO Force use builtin LMCacheMPConnectorUpstream in vLLM.\n")
+    assert lmcache.started_facts(log)["connector_class"].endswith("LMCacheMPConnectorUpstream")
+    log.write_text("nothing\n")
+    assert lmcache.started_facts(log) == {"connector_class": "not logged"}
+    assert lmcache.started_facts(tmp_path / "missing.log") == {"connector_class": "not logged"}
 
 
 def test_extra_server_arguments_come_last(tmp_path):
@@ -162,9 +242,10 @@ def test_cuda_backends_know_why_they_cannot_run(monkeypatch):
     assert registry.get("kvoffload-disk").unavailable_reason() is None
     assert registry.get("native-cpu").unavailable_reason() is None
     assert registry.get("native-disk").unavailable_reason() is None
-    assert "needs an NVIDIA GPU" in registry.get("lmcache-disk").unavailable_reason()
-    monkeypatch.setattr(machine, "has_cuda", lambda: True)
     assert registry.get("lmcache-disk").unavailable_reason() is None
+    assert "needs an NVIDIA GPU" in registry.get("lmcache-inproc-disk").unavailable_reason()
+    monkeypatch.setattr(machine, "has_cuda", lambda: True)
+    assert registry.get("lmcache-inproc-disk").unavailable_reason() is None
 
 
 def test_connector_variant_gets_its_own_name_store_and_options(tmp_path):
@@ -202,7 +283,7 @@ def test_tier_labels_and_tier_only_recipes_follow_vllm():
     # vLLM counts hits by the connector's _cache_hit_source; LMCacheConnectorV1 sets none.
     assert {n: registry.get(n).tier for n in registry.names()} == {
         "gpu-only": None, "native-cpu": "host", "lmcache-disk": "external_unspecified", "native-disk": "disk",
-        "kvoffload-disk": "disk"}
+        "kvoffload-disk": "disk", "lmcache-inproc-disk": "external_unspecified"}
     assert registry.get("native-cpu").prime_requests == 2
     assert registry.get("native-disk").evict_connector and not registry.get("native-cpu").evict_connector
     assert registry.get("lmcache-disk").reset_tier and registry.get("native-disk").reset_tier
@@ -236,7 +317,8 @@ def vllm_parser():
     return make_arg_parser(FlexibleArgumentParser())
 
 
-@pytest.mark.parametrize("name", ["gpu-only", "native-cpu", "lmcache-disk", "native-disk", "kvoffload-disk"])
+@pytest.mark.parametrize("name", ["gpu-only", "native-cpu", "lmcache-disk", "native-disk", "kvoffload-disk",
+                                  "lmcache-inproc-disk"])
 @pytest.mark.parametrize("cuda", [True, False], ids=["cuda", "cpu"])
 def test_every_backend_command_parses_with_the_installed_vllm(vllm_parser, tmp_path, monkeypatch, name, cuda):
     from pytest_kvoffload.core import machine

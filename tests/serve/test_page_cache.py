@@ -38,6 +38,20 @@ def test_tier_folders_come_from_the_servers_own_command_line():
     assert page_cache.configured_direct(ours) and not page_cache.configured_direct(off)
 
 
+def test_an_lmcache_servers_fs_tier_and_its_o_direct_come_from_its_command_line():
+    vllm = ["--kv-transfer-config", json.dumps({"kv_connector": "LMCacheMPConnector",
+                                                "kv_connector_extra_config": {"lmcache.mp.port": 1}})]
+    direct = ["-m", "lmcache.v1.multiprocess.server", "--l2-adapter",
+              json.dumps({"type": "fs", "base_path": "/s/l2", "use_odirect": True})]
+    buffered = ["--l2-adapter", json.dumps({"type": "fs", "base_path": "/s/l2"}),
+                "--l2-adapter", json.dumps({"type": "s3", "base_path": "/not/a/folder"}), "--l2-adapter", "{bad"]
+    assert [str(p) for p in page_cache.tier_folders(vllm + direct)] == ["/s/l2"]
+    assert page_cache.configured_direct(vllm + direct)
+    # LMCache's fs adapter is buffered unless told otherwise: the page-cache drop then applies.
+    assert [str(p) for p in page_cache.tier_folders(buffered)] == ["/s/l2"]
+    assert not page_cache.configured_direct(vllm + buffered)
+
+
 def test_the_io_mode_follows_the_filesystem_and_the_configuration(tmp_path):
     mode = page_cache.io_mode(tmp_path / "not-yet")
     assert mode in ("O_DIRECT", "buffered")

@@ -1,4 +1,5 @@
-"""No vLLM process outlives the pytest session: not after a failing test, not after Ctrl-C."""
+"""No vLLM process outlives the pytest session, nor the LMCache server beside one, nor their shared memory:
+not after a failing test, not after Ctrl-C."""
 
 import json
 import os
@@ -10,16 +11,22 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload.serve.server import group_has_live_members
+from pytest_kvoffload.serve.processes import group_has_live_members
 
 INNER = """
 import os, pathlib, time
 import pytest
 
-pytestmark = pytest.mark.parametrize("kv_backend", ["gpu-only"], indirect=True, scope="session")
+from pytest_kvoffload.serve.processes import shared_memory_files
+
+# lmcache-disk: a vLLM server and LMCache's, two process groups sharing the engine's KV in /dev/shm.
+pytestmark = pytest.mark.parametrize("kv_backend", ["lmcache-disk"], indirect=True, scope="session")
 
 def test_fails_while_the_server_runs(kv_server):
-    pathlib.Path("server.json").write_text(__import__("json").dumps({"pgid": kv_server.pgid, "pid": kv_server.proc.pid}))
+    groups = [kv_server.pgid, kv_server.companion.proc.pid]
+    shared = sorted(set().union(*(shared_memory_files(pgid) for pgid in groups)))
+    pathlib.Path("server.json").write_text(__import__("json").dumps(
+        {"pgid": kv_server.pgid, "pid": kv_server.proc.pid, "groups": groups, "shared": shared}))
     assert False, "planned failure"
 
 def test_still_running_when_interrupted(kv_server):
@@ -29,12 +36,13 @@ def test_still_running_when_interrupted(kv_server):
 
 
 @pytest.mark.server
-@pytest.mark.kv_servers("gpu-only~inner")  # the inner session's own server
+@pytest.mark.kv_servers("lmcache-disk~inner")  # the inner session's own server
 def test_failed_test_then_ctrl_c_leaves_no_server_process(pytester):
     pytester.makepyfile(test_inner=INNER)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--kv-lengths=256", "test_inner.py"],
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--kv-lengths=256", "--kv-cpu-gib=0.5",
+         "test_inner.py"],
         cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
         # A shell that runs a job in the background (CI often does) leaves SIGINT ignored, and an ignored
@@ -48,7 +56,8 @@ def test_failed_test_then_ctrl_c_leaves_no_server_process(pytester):
             assert time.monotonic() < deadline, "the inner session never got its server"
             time.sleep(1)
         server = json.loads((pytester.path / "server.json").read_text())
-        assert group_has_live_members(server["pgid"])
+        assert all(group_has_live_members(pgid) for pgid in server["groups"])
+        assert any("lmcache" in path for path in server["shared"]), server["shared"]
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -56,8 +65,9 @@ def test_failed_test_then_ctrl_c_leaves_no_server_process(pytester):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
     assert "planned failure" in out
-    assert not group_has_live_members(server["pgid"]), "vLLM processes outlived the session"
+    assert not any(group_has_live_members(pgid) for pgid in server["groups"]), "processes outlived the session"
     assert not os.path.exists(f"/proc/{server['pid']}")
+    assert not [path for path in server["shared"] if os.path.exists(path)], "shared memory outlived the session"
     runs = list((pytester.path / "results").glob("*/run.json"))
     assert len(runs) == 1 and json.loads(runs[0].read_text())["status"] == "partial"
 
@@ -102,7 +112,7 @@ def test_shared_memory_a_killed_server_group_left_is_removed_and_nothing_else(tm
     # vLLM's message queues are SharedMemory segments in /dev/shm; a group killed with its resource tracker
     # leaves them behind (160 MiB each seen).
     import uuid
-    from pytest_kvoffload.serve.server import remove_left_shared_memory, shared_memory_files
+    from pytest_kvoffload.serve.processes import remove_left_shared_memory, shared_memory_files
     shm = Path("/dev/shm")
     if not shm.is_dir():
         pytest.skip("no /dev/shm")
