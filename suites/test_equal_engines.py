@@ -18,7 +18,6 @@ request's save is the connector's own cost, and it varies with the drive: in two
 of it with fewer suites before it); the report's cold cells show it per backend.
 """
 
-import time
 
 import pytest
 
@@ -26,7 +25,7 @@ from pytest_kvoffload.serve.client import stream_completion
 from pytest_kvoffload.measure.paired import within_cap
 from pytest_kvoffload.core.progress import Tracker
 from pytest_kvoffload.measure.prompts import make_prompt
-from pytest_kvoffload.serve.server import IDLE_S
+from pytest_kvoffload.serve.server import settle
 
 ROUNDS = 5
 PAIR = ("gpu-only", "kvoffload-disk")
@@ -55,7 +54,7 @@ def test_cold_prefill_is_the_same_with_and_without_a_connector(kv_session):
                 tokens = make_prompt(length, 0.0, salt=f"{kv_session.salt}|equal|{backend.name}|{length}|{r}",
                                      vocab_size=settings.model.vocab_size).tokens
                 endpoint = kv_session.endpoint(backend)
-                time.sleep(IDLE_S)
+                settle([kv_session.endpoint(base), kv_session.endpoint(other)])
                 skip = {"kvoffload": "skip"} if backend.name == "kvoffload-disk" else None
                 seconds[backend.name] = stream_completion(endpoint, tokens, kv_transfer_params=skip).client_ttft_s
             seconds = [seconds[base.name], seconds[other.name]]

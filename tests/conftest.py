@@ -27,3 +27,24 @@ def pytest_collection_modifyitems(items):
     first = next((i for i, item in enumerate(rest) if item.nodeid.startswith(group)), None)
     if oracle and first is not None:
         items[:] = rest[:first] + oracle + rest[first:]
+
+
+@pytest.fixture
+def store_twin(kv_session, kv_backend):
+    """kv_backend's twin (`NAME~b`, as `--kv-ab NAME,NAME` names it): the same configuration on a second
+    server, on the same store. The connector's tests start it after the first server wrote chunks (a
+    fresh process must serve them: its index comes from the files), and the self A/B compares the two;
+    one start-up serves both (make test's budget, docs/servers.md)."""
+    import dataclasses
+
+    from pytest_kvoffload.serve.backends import twin_name
+    name = twin_name(kv_backend.name)
+    if name not in kv_session.registry:
+        first = kv_session.context(kv_backend)
+
+        def configure(ctx):
+            return kv_backend.configure(dataclasses.replace(ctx, scratch=first.scratch))
+
+        kv_session.registry.register(dataclasses.replace(kv_backend, name=name, configure=configure,
+                                                         user_facing=False))
+    return kv_session.registry.get(name)

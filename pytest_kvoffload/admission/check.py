@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +32,7 @@ from pytest_kvoffload.measure.context import Recorder, Servers
 from pytest_kvoffload.measure.runner import CellRunner
 from pytest_kvoffload.record.analysis import analyse
 from pytest_kvoffload.serve.backends import Backend, with_connector_options
-from pytest_kvoffload.serve.server import IDLE_S
+from pytest_kvoffload.serve.server import settle
 
 # Paired rounds per frontier cell in the judged phase, and of the probes behind a queue: five is the fewest
 # for which two wrong rounds are more than noise at a few percent explains (judge.allowed_wrong).
@@ -236,18 +235,18 @@ def judged_run(recorder: Recorder, servers: Servers, backend: Backend, mode: str
     for r in range(n):
         order = ((slow, endpoints[0], control), (guarded_backend, endpoints[1], guarded))
         # Who goes first alternates, so a round's second server is the next round's first: one switch a
-        # round, each after IDLE_S, since a vLLM worker busy-polls for a second after its last request on the
-        # core the other server computes on (a control cold of 257 tokens took 508 and 892 ms instead of 40
-        # right after a switch).
+        # round, each once both servers are quiet (serve/server.settle), since a vLLM worker busy-polls
+        # for a second after its last request on the core the other server computes on (a control cold
+        # of 257 tokens took 508 and 892 ms instead of 40 right after a switch).
         for b, e, f in (order if r % 2 == 0 else order[::-1]):
             if last is not None and last != b.name:
-                time.sleep(IDLE_S)
+                settle(endpoints)
             last = b.name
             for prefix in multiples:
                 measure_round(recorder, b, e, prefix, CALIBRATION_ROUNDS + r, f)
         tracker.step(f"round {r + 1}")
     if last != guarded_backend.name:
-        time.sleep(IDLE_S)
+        settle(endpoints)
     bursts = {}
     for r in range(JUDGED_ROUNDS):
         for key in control_bursts:

@@ -80,7 +80,8 @@ OPTIONS = (
            "CPU memory for CPU tiers (native-cpu, native-disk's first tier, LMCache's staging), GiB (default: "
            "an eighth of this machine's without a GPU, at most 4; a quarter with one, at most 64)"),
     Option("--kv-disk-gb", "kv_disk_gb",
-           "capacity of disk tiers (lmcache-disk, kvoffload-disk), GB (default: half the free space under "
+           "capacity of disk tiers (kvoffload-disk, lmcache-inproc-disk; lmcache-disk's fs tier has none), GB "
+           "(default: half the free space under "
            "--kv-results-dir, at most 256)"),
     Option("--kv-disk-opt", "kv_disk_opts",
            "kvoffload-disk connector option KEY=VALUE (repeatable), e.g. store_dir=/nvme/kv or read_gbps=6; "

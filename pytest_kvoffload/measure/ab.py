@@ -13,7 +13,6 @@ distribution-free 95% confidence interval for their median (order statistics), a
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +23,7 @@ from pytest_kvoffload.measure.runner import CellRunner
 from pytest_kvoffload.measure.paired import FLOOR, interval
 from pytest_kvoffload.core.progress import Tracker
 from pytest_kvoffload.measure.context import Recorder, Servers
-from pytest_kvoffload.serve.server import IDLE_S
+from pytest_kvoffload.serve.server import settle
 
 # Fewer rounds than this cannot give a two-sided 95% interval (paired.interval).
 MIN_ROUNDS = 7
@@ -71,7 +70,7 @@ def compare_cell(recorder: Recorder, servers: Servers, a, b, cell: Cell, rounds:
         order = (a, b) if r % 2 == 0 else (b, a)
         measured = {}
         for backend in order:
-            time.sleep(IDLE_S)
+            settle(endpoints.values())
             outcome = CellRunner(recorder, backend, endpoints[backend.name], cell, first_round=r, purpose="ab",
                                  check_output=r == 0).run(1)
             comparison.failures += [f"{backend.name} {f}" for f in outcome.failures]

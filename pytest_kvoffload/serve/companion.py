@@ -8,6 +8,8 @@ process that did the reading.
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -77,6 +79,14 @@ class Companion:
         response = self.http.get(self.spec.metrics_url, timeout=10)
         response.raise_for_status()
         return snapshot(response.text, extra_prefixes=self.spec.metric_prefixes)
+
+    def terminate(self) -> None:
+        """SIGTERM its group without waiting (stop() waits, and kills what is left)."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
 
     def stop(self, grace: float = 10.0) -> None:
         if self.proc is None:

@@ -136,3 +136,33 @@ def stop_group(proc: subprocess.Popen, grace: float) -> set[str]:
         pass
     remove_left_shared_memory(shared)
     return shared
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user and system) the group's live processes have used, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in group_members(pgid):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def wait_until_quiet(pgids: list[int], limit_s: float, window_s: float = 0.1, quiet_cores: float = 0.25) -> float:
+    """Wait until the groups together use under `quiet_cores` of a core over two windows in a row (a vLLM
+    worker busy-polls a whole core for a second after its last message); returns the seconds waited,
+    `limit_s` at most."""
+    started = time.monotonic()
+    quiet = 0
+    last = sum(group_cpu_s(pgid) for pgid in pgids)
+    while time.monotonic() - started < limit_s and quiet < 2:
+        time.sleep(window_s)
+        now = sum(group_cpu_s(pgid) for pgid in pgids)
+        quiet = quiet + 1 if now - last < quiet_cores * window_s else 0
+        last = now
+    return time.monotonic() - started

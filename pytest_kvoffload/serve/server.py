@@ -17,7 +17,8 @@ from pytest_kvoffload.core.progress import Say
 from pytest_kvoffload.serve.client import Endpoint
 from pytest_kvoffload.serve.companion import Companion
 from pytest_kvoffload.serve.metrics import Snapshot
-from pytest_kvoffload.serve.processes import log_tail, start_in_group, stop_group, unlink_all
+from pytest_kvoffload.serve.processes import (log_tail, remove_left_shared_memory, shared_memory_files, start_in_group,
+                                              stop_group, unlink_all, wait_until_quiet)
 
 
 class ServerStartError(RuntimeError):
@@ -96,17 +97,40 @@ class VllmServer(Endpoint):
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the whole group, then SIGKILL what is left after `grace` seconds; the companion after it
         (vLLM's worker holds the companion's shared memory until it exits)."""
+        companion = self.companion
+        # What the companion holds in /dev/shm, read before it goes: the region it shares with vLLM's
+        # worker can only be removed once both have exited.
+        shared = shared_memory_files(companion.proc.pid) if companion is not None and companion.proc else set()
         if self.proc is not None:
             self.http.close()
-            stop_group(self.proc, grace)
+            if companion is not None:
+                companion.terminate()  # both wind down at once: LMCache's server takes 3 to 4 s
+            shared |= stop_group(self.proc, grace)
             remove_shared_regions(self.log_path)
-        if self.companion is not None:
-            self.companion.stop()
+        if companion is not None:
+            companion.stop()
+        remove_left_shared_memory(shared)
 
 
-# An idle vLLM worker busy-polls for about 1 s after each message, on a core another server's worker may
-# need: two servers measured side by side wait this long before each request (equal engines, A/B).
+# An idle vLLM worker busy-polls for about 1 s after each message (shm_broadcast.py, busy_loop_s), on a
+# core another server's worker may need: two servers measured side by side wait until neither computes
+# before each request (equal engines, A/B, the admission frontier); a server not started here (no
+# process group to watch) gets this long.
 IDLE_S = 1.5
+
+
+def settle(endpoints) -> float:
+    """Wait until none of the servers computes: their process groups (and their companions') quiet, or
+    IDLE_S for one we did not start. Returns the seconds waited."""
+    groups = []
+    for endpoint in endpoints:
+        if not isinstance(endpoint, VllmServer) or endpoint.proc is None:
+            time.sleep(IDLE_S)
+            return IDLE_S
+        groups.append(endpoint.pgid)
+        if endpoint.companion is not None and endpoint.companion.proc is not None:
+            groups.append(endpoint.companion.proc.pid)
+    return wait_until_quiet(groups, limit_s=3 * IDLE_S)
 
 
 # vLLM's offloading keeps its CPU tier in a /dev/shm file (SharedOffloadRegion, logged when created) that a

@@ -200,16 +200,17 @@ def test_a_vanished_store_folder_is_recreated_and_serves_again(kv_server, prompt
     assert store.is_dir()
 
 
-def test_a_restarted_server_serves_disk_hits_from_the_same_store(kv_session, kv_backend, kv_server, prompts):
+@pytest.mark.kv_servers("{backend}~b")
+def test_a_second_server_serves_disk_hits_from_the_store_the_first_wrote(kv_session, kv_server, store_twin,
+                                                                        prompts):
     prompt = prompts(1024, 1.0, "r")
     kv_server.reset_prefix_cache(external=True)
     measure(kv_server, prompt.tokens)  # writes the chunks
-    kv_session.pool.release(kv_backend.name)
-    restarted = kv_session.endpoint(kv_backend)
-    assert restarted.port != kv_server.port
-    hit = measure(restarted, prompt.tokens, max_tokens=OUT)
+    second = kv_session.endpoint(store_twin)  # a fresh process: it knows the chunks from their headers only
+    assert second.port != kv_server.port
+    hit = measure(second, prompt.tokens, max_tokens=OUT)
     assert hit.cached_by_source == {"disk": 1024}
-    assert_same_answer(hit, cold_answer(restarted, prompt.tokens, "restarted"))
+    assert_same_answer(hit, cold_answer(second, prompt.tokens, "second"))
 
 
 def test_a_tier_load_on_top_of_a_partial_engine_hit(kv_server, prompts):

@@ -3,7 +3,7 @@
 import pytest
 
 from pytest_kvoffload.measure import ab
-from pytest_kvoffload.serve.backends import BackendConfigError, twin_name
+from pytest_kvoffload.serve.backends import BackendConfigError
 from pytest_kvoffload.serve.builtin_backends import default_registry
 from pytest_kvoffload.harness.backend_options import register_ab
 from pytest_kvoffload.measure.cells import Cell, State
@@ -52,12 +52,10 @@ def test_the_pair_is_parsed_and_a_self_comparison_gets_a_twin():
 @pytest.mark.server
 @pytest.mark.kv_servers("{backend}", "{backend}~b")
 @pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
-def test_a_backend_against_itself_shows_no_difference(kv_session, kv_backend):
-    # The false-positive check: the same configuration on two servers, both up, rounds interleaved.
-    twin = twin_name(kv_backend.name)
-    if twin not in kv_session.registry:
-        register_ab(kv_session.registry, f"{kv_backend.name},{kv_backend.name}")
-    b = kv_session.registry.get(twin)
+def test_a_backend_against_itself_shows_no_difference(kv_session, kv_backend, store_twin):
+    # The false-positive check: the same configuration on two servers, both up, rounds interleaved
+    # (the connector's tests already started the twin, on the same store: tests/conftest.py).
+    twin, b = store_twin.name, store_twin
     length = min(kv_session.lengths)
     # A tier hit prefills and loads; cold compute alone is suites/test_equal_engines.py's (one cell: each
     # round of two servers waits IDLE_S twice, 24 s a cell in make test).

@@ -41,8 +41,9 @@ def test_failed_test_then_ctrl_c_leaves_no_server_process(pytester):
     pytester.makepyfile(test_inner=INNER)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
+        # No compile (--enforce-eager): what is tested is the processes, not their speed (4 to 5 s a start).
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--kv-lengths=256", "--kv-cpu-gib=0.5",
-         "test_inner.py"],
+         "--kv-server-arg=--enforce-eager", "test_inner.py"],
         cwd=pytester.path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
         # A shell that runs a job in the background (CI often does) leaves SIGINT ignored, and an ignored
