@@ -6,6 +6,7 @@ A backend only describes a server; starting it is serve/server.py's job, measuri
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
@@ -88,6 +89,8 @@ class Backend:
     # last one too; vLLM then recomputes one token); True, LMCache's MP connector, every token but the
     # last (it reports len(prompt) - 1: lmcache_mp_connector.py).
     serves_all_but_last_token: bool = False
+    # Python modules the backend's processes import besides vLLM (LMCache's server: "lmcache").
+    needs_modules: tuple[str, ...] = ()
     # What a started server's log says of it, for run.json (which connector class vLLM loaded).
     started_facts: Callable[[Path], dict] | None = None
     # What differs on this platform from the backend as users deploy it, in one line (None: nothing).
@@ -104,6 +107,11 @@ class Backend:
     def unavailable_reason(self) -> str | None:
         if self.needs_cuda and not machine.has_cuda():
             return f"{self.name} needs an NVIDIA GPU: {self.cuda_reason}"
+        # Another interpreter (--kv-backend-python) brings its own packages: only this one is looked at.
+        missing = [m for m in self.needs_modules if self.python is None and importlib.util.find_spec(m) is None]
+        if missing:
+            return (f"{self.name} needs the Python package {', '.join(missing)}, not installed here "
+                    f"(make installs it; or --kv-backend-python {self.name}=PATH to a Python that has it)")
         return None
 
     def granularity(self, settings: Settings) -> int:

@@ -98,7 +98,8 @@ def _native_disk(ctx: LaunchContext) -> ServerSpec:
 def _lmcache_disk(ctx: LaunchContext) -> ServerSpec:
     # LMCache's multiprocess server holds the tiers (serve/lmcache.py); the hybrid KV cache manager is
     # off because LMCacheMPConnector refuses it.
-    companion, port = lmcache.server_spec(ctx.scratch, ctx.settings.cpu_gib)
+    s = ctx.settings
+    companion, port = lmcache.server_spec(ctx.scratch, lmcache.l1_gib(s.cpu_gib, s.max_model_len, s.kv_bytes_per_token))
     config = lmcache.connector_config(port)
     return ServerSpec(args=["--disable-hybrid-kv-cache-manager", "--kv-transfer-config", json.dumps(config)],
                       env=dict(lmcache.NO_TELEMETRY), companion=companion)
@@ -178,6 +179,7 @@ def builtin_backends() -> list[Backend]:
             # vLLM's LMCache connectors name no cache-hit source, so their hits count as external_unspecified.
             tier="external_unspecified",
             configure=_lmcache_disk,
+            needs_modules=("lmcache",),
             tier_granularity=lambda s: lmcache.CHUNK_TOKENS,
             # Whole chunks only; a prompt it holds whole it serves but for the last token (prompts.expected_cached).
             last_block_source="external_unspecified",

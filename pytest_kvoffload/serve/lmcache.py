@@ -35,6 +35,16 @@ TRANSFER_MODE = "lmcache_driven"
 NO_TELEMETRY = {"LMCACHE_TRACK_USAGE": "false", "DO_NOT_TRACK": "1"}
 
 
+# LMCache's DRAM tier (L1) only stages chunks between vLLM and the files here (skip_l1 keeps nothing in
+# it), so it gets room for this many prompts of --max-model-len in flight (the trace replay sends 4 at
+# once), never more than --kv-cpu-gib: 2.9 GiB of it was allocated and touched at start (4.4 GB RSS).
+L1_PROMPTS = 8
+
+
+def l1_gib(cpu_gib: float, max_model_len: int, kv_bytes_per_token: int) -> float:
+    return min(cpu_gib, max(L1_PROMPTS * max_model_len * kv_bytes_per_token / 2**30, 0.25))
+
+
 def l2_folder(scratch: Path) -> Path:
     return scratch / "lmcache-disk"
 

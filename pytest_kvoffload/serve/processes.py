@@ -49,20 +49,25 @@ def unlink_all(paths) -> list[str]:
     return removed
 
 
+def _stat(pid) -> list[str]:
+    """The fields of /proc/PID/stat after the process's name (state first); [] for a process gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return []
+    # The name sits in parentheses and may hold spaces: split after its closing parenthesis.
+    return stat[stat.rfind(")") + 2:].split()
+
+
 def group_members(pgid: int | None = None) -> list[int]:
     """The live (non-zombie) processes of the group, or of the machine where `pgid` is None (from /proc)."""
     members = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 2 and (pgid is None or int(fields[2]) == pgid) and fields[0] != "Z":
-            members.append(int(entry))
+        if entry.isdigit():
+            fields = _stat(entry)
+            if len(fields) > 2 and (pgid is None or int(fields[2]) == pgid) and fields[0] != "Z":
+                members.append(int(entry))
     return members
 
 
@@ -140,17 +145,12 @@ def stop_group(proc: subprocess.Popen, grace: float) -> set[str]:
 
 def group_cpu_s(pgid: int) -> float:
     """CPU seconds (user and system) the group's live processes have used, from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
     total = 0
     for pid in group_members(pgid):
-        try:
-            with open(f"/proc/{pid}/stat") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        total += int(fields[11]) + int(fields[12])
-    return total / tick
+        fields = _stat(pid)
+        if len(fields) > 12:
+            total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def wait_until_quiet(pgids: list[int], limit_s: float, window_s: float = 0.1, quiet_cores: float = 0.25) -> float:

@@ -154,7 +154,9 @@ def test_lmcache_disk_runs_lmcache_server_beside_vllm_with_its_files_as_the_only
     server = launch.companion.argv
     flag = lambda name: server[server.index(name) + 1]  # noqa: E731
     assert server[1:3] == ["-m", "lmcache.v1.multiprocess.server"]
-    assert flag("--l2-store-policy") == "skip_l1" and flag("--l1-size-gb") == "0.5"
+    # L1 only stages: room for 8 prompts of max-model-len (8,320 x 4,096 bytes: 0.254 GiB), at most --kv-cpu-gib.
+    assert flag("--l2-store-policy") == "skip_l1" and flag("--l1-size-gb") == "0.253906"
+    assert lmcache.l1_gib(0.1, 8320, 4096) == 0.1 and lmcache.l1_gib(16, 131072, 114688) == 16
     assert flag("--chunk-size") == str(lmcache.CHUNK_TOKENS) and flag("--supported-transfer-mode") == "lmcache_driven"
     adapter = json.loads(flag("--l2-adapter"))
     assert adapter["type"] == "fs" and adapter["base_path"] == str(tmp_path / "lmcache-disk")
@@ -193,7 +195,7 @@ def test_lmcache_server_command_parses_with_the_installed_lmcache(tmp_path, monk
     assert (mp.host, mp.chunk_size) == ("127.0.0.1", 256)
     assert mp.supported_transfer_mode == "lmcache_driven"
     storage = parse_args_to_config(args)
-    assert storage.l1_manager_config.memory_config.size_in_bytes == 2**29
+    assert storage.l1_manager_config.memory_config.size_in_bytes == int(0.253906 * 2**30)
 
 
 def test_lmcache_tier_hits_count_only_if_its_server_read_the_chunks_from_disk():
@@ -246,6 +248,19 @@ def test_cuda_backends_know_why_they_cannot_run(monkeypatch):
     assert "needs an NVIDIA GPU" in registry.get("lmcache-inproc-disk").unavailable_reason()
     monkeypatch.setattr(machine, "has_cuda", lambda: True)
     assert registry.get("lmcache-inproc-disk").unavailable_reason() is None
+
+
+def test_a_backend_whose_package_is_missing_skips_with_one_line_naming_it(monkeypatch):
+    import dataclasses
+    import importlib.util
+    lm = default_registry().get("lmcache-disk")
+    assert lm.unavailable_reason() is None  # installed by the cpu extra
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lmcache" else real(name, *a))
+    assert lm.unavailable_reason() == (
+        "lmcache-disk needs the Python package lmcache, not installed here (make installs it; or "
+        "--kv-backend-python lmcache-disk=PATH to a Python that has it)")
+    assert dataclasses.replace(lm, python="/other/python").unavailable_reason() is None
 
 
 def test_connector_variant_gets_its_own_name_store_and_options(tmp_path):
