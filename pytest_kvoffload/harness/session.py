@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import re
 import shutil
 import time
@@ -140,11 +138,8 @@ class KVSession:
             if self.devices is not None:
                 launch.env["CUDA_VISIBLE_DEVICES"] = self.devices
             logs = self.run_dir() / "logs"
-            companion = None
-            if launch.companion is not None:
-                spec = launch.companion
-                companion = Companion(dataclasses.replace(spec, env={**os.environ, **spec.env}),
-                                      logs / f"{backend.name}.companion.log")
+            companion = (Companion(launch.companion, logs / f"{backend.name}.companion.log")
+                         if launch.companion is not None else None)
             self.progress(f"starting vLLM for {backend.name} on port {port}"
                           + (f", with {launch.companion.name}" if companion else "") + f"; log {logs}")
             return VllmServer(backend.name, launch.argv, launch.env, port, logs / f"{backend.name}.log",

@@ -180,9 +180,13 @@ def server_launch(backend: Backend, ctx: LaunchContext, port: int) -> Launch:
         argv += ["--gpu-memory-utilization", f"{utilization:g}"]
     spec = backend.configure(ctx)
     companion = spec.companion
-    if companion is not None and backend.python and companion.argv[0] == sys.executable:
-        # The companion comes from the same installation as the server's vLLM (--kv-backend-python).
-        companion = dataclasses.replace(companion, argv=[backend.python, *companion.argv[1:]])
+    if companion is not None:
+        # The companion runs in this environment too, its own variables over it, and comes from the same
+        # installation as the server's vLLM (--kv-backend-python).
+        command = companion.argv
+        if backend.python and command[0] == sys.executable:
+            command = [backend.python, *command[1:]]
+        companion = dataclasses.replace(companion, argv=command, env={**os.environ, **companion.env})
     argv += spec.args
     argv += list(settings.server_args)
     env = dict(os.environ)

@@ -47,6 +47,7 @@ class Companion:
         self.proc: subprocess.Popen | None = None
         self.http = requests.Session()
         self._ready = False
+        self._started = time.monotonic()
 
     def start(self) -> None:
         self.proc = start_in_group(self.spec.argv, self.spec.env, self.log_path)

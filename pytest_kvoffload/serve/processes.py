@@ -143,13 +143,15 @@ def stop_group(proc: subprocess.Popen, grace: float) -> set[str]:
     return shared
 
 
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user and system) the group's live processes have used, from /proc."""
-    total = 0
-    for pid in group_members(pgid):
-        fields = _stat(pid)
-        if len(fields) > 12:
-            total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
+def groups_cpu_s(pgids: list[int]) -> float:
+    """CPU seconds (user and system) the groups' live processes have used together: one pass over /proc,
+    each process's stat read once."""
+    wanted, total = {str(pgid) for pgid in pgids}, 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(entry)
+            if len(fields) > 12 and fields[2] in wanted and fields[0] != "Z":
+                total += int(fields[11]) + int(fields[12])  # utime + stime, in clock ticks
     return total / os.sysconf("SC_CLK_TCK")
 
 
@@ -159,10 +161,10 @@ def wait_until_quiet(pgids: list[int], limit_s: float, window_s: float = 0.1, qu
     `limit_s` at most."""
     started = time.monotonic()
     quiet = 0
-    last = sum(group_cpu_s(pgid) for pgid in pgids)
+    last = groups_cpu_s(pgids)
     while time.monotonic() - started < limit_s and quiet < 2:
         time.sleep(window_s)
-        now = sum(group_cpu_s(pgid) for pgid in pgids)
+        now = groups_cpu_s(pgids)
         quiet = quiet + 1 if now - last < quiet_cores * window_s else 0
         last = now
     return time.monotonic() - started
