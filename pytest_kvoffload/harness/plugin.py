@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload.serve import compile_cache
+from pytest_kvoffload.serve import compile_cache, cpu_engine
 from pytest_kvoffload.harness import distributed
 from pytest_kvoffload.harness import fixtures
 from pytest_kvoffload.harness import hookspecs
@@ -125,6 +125,7 @@ def pytest_report_header(config):
             f"kvoffload: dtype {s.dtype}: {s.dtype_reason}; CPU {cpu['cpu']}, {cpu['cpu_count']} cores, "
             f"flags {' '.join(cpu['cpu_flags']) or 'none of note'}",
             f"kvoffload: {compile_cache.describe(machine.has_cuda())}",
+            f"kvoffload: {cpu_engine.describe(machine.has_cuda(), s.tensor_parallel, s.server_args)}",
             f"kvoffload: output checks: {output_checks(s.model)}"] + [
             f"kvoffload: {name}: {note}" for name in s.backends
             if (note := session.registry.get(name).platform_note())]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from pytest_kvoffload.serve import compile_cache
+from pytest_kvoffload.serve import compile_cache, cpu_engine
 from pytest_kvoffload.serve.companion import CompanionSpec
 from pytest_kvoffload.core import machine
 from pytest_kvoffload.core.settings import Settings
@@ -188,7 +188,6 @@ def server_launch(backend: Backend, ctx: LaunchContext, port: int) -> Launch:
             command = [backend.python, *command[1:]]
         companion = dataclasses.replace(companion, argv=command, env={**os.environ, **companion.env})
     argv += spec.args
-    argv += list(settings.server_args)
     env = dict(os.environ)
     # /reset_prefix_cache is a dev-mode endpoint; the suites need it to evict the engine's cache.
     env["VLLM_SERVER_DEV_MODE"] = "1"
@@ -203,6 +202,11 @@ def server_launch(backend: Backend, ctx: LaunchContext, port: int) -> Launch:
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(settings.tensor_parallel))
     # Servers of one model, dtype and shape load what the first one compiled (serve/compile_cache.py says why).
     env.update(compile_cache.server_env(machine.has_cuda(), env))
+    # One engine process on the CPU build: no worker spawn, the same compute threads (serve/cpu_engine.py).
+    engine_args, engine_env = cpu_engine.server_settings(machine.has_cuda(), settings.tensor_parallel,
+                                                         settings.server_args, env)
+    argv += engine_args + list(settings.server_args)
+    env.update(engine_env)
     env.update(spec.env)
     problem = offloading_spec_problem(backend.name, argv, machine.has_cuda())
     if problem:
