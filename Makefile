@@ -13,11 +13,14 @@ KV_PIP_ARGS ?=
 # derived drive leaves loads that clearly pay and loads that clearly do not (its controls need both).
 # Its CPU tiers hold 0.5 GiB (131,072 tokens, more than the grid and the trace slice store): the copy
 # worker zero-fills a tier when its server starts, 12 to 13 s for the default 2.9 GiB on 2 cores.
-TEST_GRID ?= --kv-lengths=384,1280 --kv-fractions=0.5,1.0 --kv-rounds=2 --kv-cpu-gib=0.5 $(TEST_TRACE)
-# Each CPU server's own KV cache in make test: 1 GiB (262,144 tokens; the harness's default is 2). LMCache's
-# connector shares the engine's KV with its server through /dev/shm: lmcache-disk's start spent 6 s before
-# and 8 s after "Registering kv caches" with 2 GiB. Every server gets the same, so engines stay equal.
-TEST_KV_GIB ?= 1
+# Its servers run engine and worker in one process (--kv-engine=one-process: 5 to 10 s less per start-up, the same
+# prefill; docs/servers.md says why measuring runs keep vLLM's own).
+TEST_GRID ?= --kv-lengths=384,1280 --kv-fractions=0.5,1.0 --kv-rounds=2 --kv-cpu-gib=0.5 --kv-engine=one-process $(TEST_TRACE)
+# Each CPU server's own KV cache in make test and make bench: 1 GiB (262,144 tokens, 64 of the bench's longest
+# prompts; the harness's default is 2). LMCache's connector shares the engine's KV with its server through
+# /dev/shm: lmcache-disk's start spent 6 s before and 8 s after "Registering kv caches" with 2 GiB. Every server
+# gets the same, so engines stay equal.
+KV_GIB ?= 1
 # The trace-replay and plan-vs-replay suites run on a slice of the shared Mooncake trace where it is present:
 # whole prefix trees (so the slice keeps the trace's reuse), its 700 s of arrivals replayed in under 2 s.
 MOONCAKE := $(wildcard ../shared/data/mooncake/synthetic_trace.jsonl)
@@ -44,12 +47,12 @@ endif
 	touch $@
 
 bench: $(STAMP)
-	$(PY) -m pytest suites --kv-backend=all $(BENCH_GRID) $(BENCH_TRACE) $(PYTEST_ARGS)
+	VLLM_CPU_KVCACHE_SPACE=$(KV_GIB) $(PY) -m pytest suites --kv-backend=all $(BENCH_GRID) $(BENCH_TRACE) $(PYTEST_ARGS)
 
 # The layer contract first (pyproject.toml, docs/layout.md): a second, then the tests.
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
-	VLLM_CPU_KVCACHE_SPACE=$(TEST_KV_GIB) $(PY) -m pytest tests suites $(TEST_GRID) $(PYTEST_ARGS)
+	VLLM_CPU_KVCACHE_SPACE=$(KV_GIB) $(PY) -m pytest tests suites $(TEST_GRID) $(PYTEST_ARGS)
 
 # What make test passes to pytest (tests/harness/test_server_plan.py reads it), and the servers it would start.
 test-args:

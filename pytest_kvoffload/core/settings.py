@@ -41,6 +41,9 @@ class Settings:
     # A buffered disk tier's files before each tier-only round: "cold" (dropped from the page cache, so the
     # hit reads the disk) or "warm" (left there: the figures are served from memory, and say so).
     page_cache: str = "cold"
+    # How a CPU server runs its engine (--kv-engine; serve/cpu_engine.py): "vllm" (vLLM's own executor) or
+    # "one-process" (its uniprocess executor, no worker process).
+    engine: str = "vllm"
     # --kv-ab: the two backends an A/B run compares, both up at once (suites/test_ab.py); None: no A/B.
     ab: tuple[str, str] | None = None
 

@@ -100,9 +100,18 @@ def parse_admission(value: str) -> str:
     return value
 
 
+ENGINES = ("vllm", "one-process")
+
+
 def parse_page_cache(value: str) -> str:
     if value not in ("cold", "warm"):
         raise OptionError(f"--kv-page-cache {value!r}: expected cold (the default: hits read the disk) or warm")
+    return value
+
+
+def parse_engine(value: str) -> str:
+    if value not in ENGINES:
+        raise OptionError(f"--kv-engine {value!r}: expected vllm (the default: vLLM's own executor) or one-process")
     return value
 
 

@@ -16,7 +16,8 @@ from pytest_kvoffload.core.settings import Settings
 from pytest_kvoffload.harness.backend_options import register_ab, register_variants, split_backends
 from pytest_kvoffload.harness.option_parsing import (OptionError, check_calibration_here, check_fits_model,
                                                      parse_admission, parse_backends, parse_disk_opts, parse_dtype,
-                                                     parse_fractions, parse_lengths, parse_max_prefill, parse_model,
+                                                     parse_fractions, parse_lengths, parse_engine, parse_max_prefill,
+                                                     parse_model,
                                                      parse_page_cache, parse_positive_float, parse_positive_int,
                                                      parse_results_dir, parse_server_args, parse_server_url,
                                                      parse_weights, parse_whole_number, parse_window)
@@ -71,6 +72,10 @@ OPTIONS = (
     Option("--kv-admission", "kv_admission",
            "the rule the admission suite guards: queue (default), static, online, or a control with which the "
            "suite must fail: always, never, static:scale=F, static:no-fixed, queue:full-credit"),
+    Option("--kv-engine", "kv_engine",
+           "how a CPU server runs its engine: vllm (vLLM's own: a worker process bound to its cores; default) or "
+           "one-process (engine and worker in one process, as vLLM runs one GPU: 5 s less per start-up, but a "
+           "connector's I/O threads then share the engine's process; make test uses it; docs/servers.md)"),
     Option("--kv-page-cache", "kv_page_cache",
            "a buffered disk tier's files before each tier-only round: cold (dropped from the page cache, so "
            "hits read the disk; default) or warm (left cached: figures served from memory, flagged so)"),
@@ -211,6 +216,7 @@ def build_settings(values: OptionValues, registry: BackendRegistry, ab: tuple[st
         lengths_given=values.given("kv_lengths"),
         admission=parse_admission(str(values.get("kv_admission", "queue"))),
         page_cache=parse_page_cache(str(values.get("kv_page_cache", "cold"))),
+        engine=parse_engine(str(values.get("kv_engine", "vllm"))),
         disk_opts=disk_opts,
     )
 

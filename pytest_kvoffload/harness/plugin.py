@@ -125,7 +125,7 @@ def pytest_report_header(config):
             f"kvoffload: dtype {s.dtype}: {s.dtype_reason}; CPU {cpu['cpu']}, {cpu['cpu_count']} cores, "
             f"flags {' '.join(cpu['cpu_flags']) or 'none of note'}",
             f"kvoffload: {compile_cache.describe(machine.has_cuda())}",
-            f"kvoffload: {cpu_engine.describe(machine.has_cuda(), s.tensor_parallel, s.server_args)}",
+            f"kvoffload: {cpu_engine.describe(s.engine, machine.has_cuda(), s.tensor_parallel, s.server_args)}",
             f"kvoffload: output checks: {output_checks(s.model)}"] + [
             f"kvoffload: {name}: {note}" for name in s.backends
             if (note := session.registry.get(name).platform_note())]

@@ -92,8 +92,8 @@ class KVSession:
             if self.worker:
                 run_dir = run_dir / "workers" / self.worker
             env = environment.describe()
-            env["engine"] = cpu_engine.describe(machine.has_cuda(), self.settings.tensor_parallel,
-                                                self.settings.server_args)
+            s = self.settings
+            env["engine"] = cpu_engine.describe(s.engine, machine.has_cuda(), s.tensor_parallel, s.server_args)
             run_dir.mkdir(parents=True, exist_ok=True)
             env["drive"] = environment.drive(run_dir)
             if self.devices is not None:

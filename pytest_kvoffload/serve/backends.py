@@ -202,9 +202,9 @@ def server_launch(backend: Backend, ctx: LaunchContext, port: int) -> Launch:
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(settings.tensor_parallel))
     # Servers of one model, dtype and shape load what the first one compiled (serve/compile_cache.py says why).
     env.update(compile_cache.server_env(machine.has_cuda(), env))
-    # One engine process on the CPU build: no worker spawn, the same compute threads (serve/cpu_engine.py).
-    engine_args, engine_env = cpu_engine.server_settings(machine.has_cuda(), settings.tensor_parallel,
-                                                         settings.server_args, env)
+    # --kv-engine one-process on the CPU build: no worker spawn, the same compute threads (serve/cpu_engine.py).
+    engine_args, engine_env = cpu_engine.server_settings(settings.engine, machine.has_cuda(),
+                                                         settings.tensor_parallel, settings.server_args, env)
     argv += engine_args + list(settings.server_args)
     env.update(engine_env)
     env.update(spec.env)

@@ -1,4 +1,5 @@
-"""A CPU server's engine runs in one process with the compute threads vLLM's own binding would give its worker."""
+"""--kv-engine one-process: a CPU server's engine in one process, with the compute threads vLLM's own binding
+would give its worker; vLLM's own executor otherwise."""
 
 from types import SimpleNamespace
 
@@ -76,11 +77,11 @@ def test_this_machines_count_matches_vllms_own_code(monkeypatch):
 
 
 def test_a_cpu_server_with_one_rank_runs_one_engine_process():
-    args, env = cpu_engine.server_settings(False, 1, (), {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"})
+    args, env = cpu_engine.server_settings("one-process", False, 1, (), {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"})
     assert args == ["--distributed-executor-backend", "uni"]
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert int(env["OMP_NUM_THREADS"]) == len(cpu_engine.compute_cpus(1))
-    assert "one process" in cpu_engine.describe(False, 1, (), {})
+    assert "one process" in cpu_engine.describe("one-process", False, 1, (), {})
 
 
 @pytest.mark.parametrize("cuda, ranks, server_args, environ", [
@@ -90,11 +91,16 @@ def test_a_cpu_server_with_one_rank_runs_one_engine_process():
     (False, 1, (), {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}),
 ])
 def test_cuda_more_ranks_and_a_users_choice_are_left_alone(cuda, ranks, server_args, environ):
-    assert cpu_engine.server_settings(cuda, ranks, server_args, environ) == ([], {})
-    assert "as configured" in cpu_engine.describe(cuda, ranks, server_args, environ)
+    assert cpu_engine.server_settings("one-process", cuda, ranks, server_args, environ) == ([], {})
+    assert "does not apply" in cpu_engine.describe("one-process", cuda, ranks, server_args, environ)
+
+
+def test_vllms_own_executor_is_the_default():
+    assert cpu_engine.server_settings("vllm", False, 1, (), {}) == ([], {})
+    assert "vLLM's own executor (--kv-engine vllm)" in cpu_engine.describe("vllm", False, 1, (), {})
 
 
 def test_a_users_thread_count_wins():
-    _, env = cpu_engine.server_settings(False, 1, (), {"OMP_NUM_THREADS": "7"})
+    _, env = cpu_engine.server_settings("one-process", False, 1, (), {"OMP_NUM_THREADS": "7"})
     assert "OMP_NUM_THREADS" not in env
-    assert "7 compute thread" in cpu_engine.describe(False, 1, (), {"OMP_NUM_THREADS": "7"})
+    assert "7 compute thread" in cpu_engine.describe("one-process", False, 1, (), {"OMP_NUM_THREADS": "7"})
