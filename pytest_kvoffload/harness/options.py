@@ -16,10 +16,9 @@ from pytest_kvoffload.core.settings import Settings
 from pytest_kvoffload.harness.backend_options import register_ab, register_variants, split_backends
 from pytest_kvoffload.harness.option_parsing import (OptionError, check_calibration_here, check_fits_model,
                                                      parse_admission, parse_backends, parse_disk_opts, parse_dtype,
-                                                     parse_fractions, parse_lengths, parse_engine, parse_max_prefill,
-                                                     parse_model,
-                                                     parse_page_cache, parse_positive_float, parse_positive_int,
-                                                     parse_results_dir, parse_server_args, parse_server_url,
+                                                     parse_engine, parse_fractions, parse_lengths, parse_max_prefill,
+                                                     parse_model, parse_page_cache, parse_positive_float,
+                                                     parse_positive_int, parse_results_dir, parse_server_args, parse_server_url,
                                                      parse_weights, parse_whole_number, parse_window)
 from pytest_kvoffload.traces.read import FORMATS, Scaling, TraceError, read_trace, select
 from pytest_kvoffload.traces.selection import ReplayPlan

@@ -412,3 +412,26 @@ def test_cpu_servers_share_what_the_first_one_compiled(tmp_path, monkeypatch):
         _, env = command(name, tmp_path)
         assert env["VLLM_USE_AOT_COMPILE"] == "0"
         assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "vc" / "torch_compile_cache" / "inductor")
+
+
+@pytest.mark.parametrize("name", ["gpu-only", "native-cpu", "lmcache-disk", "native-disk", "kvoffload-disk"])
+def test_one_process_cpu_servers_get_vllms_uniprocess_executor_and_the_same_threads(vllm_parser, tmp_path,
+                                                                                      monkeypatch, name):
+    import pytest_kvoffload.core.machine as machine
+    from pytest_kvoffload.serve import cpu_engine
+
+    monkeypatch.setattr(machine, "has_cuda", lambda: False)
+    for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
+        monkeypatch.delenv(var, raising=False)
+    argv, env = command(name, tmp_path, engine="one-process", server_args=("--max-num-seqs", "4"))
+    assert vllm_parser.parse_args(argv[3:]).distributed_executor_backend == "uni"
+    assert argv[-2:] == ["--max-num-seqs", "4"]  # the user's arguments still come last
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["OMP_NUM_THREADS"] == str(len(cpu_engine.compute_cpus(1)))
+    # The default is vLLM's own executor: nothing added.
+    argv, env = command(name, tmp_path)
+    assert "--distributed-executor-backend" not in argv
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env and "OMP_NUM_THREADS" not in env
+    # A user's own executor wins.
+    argv, env = command(name, tmp_path, engine="one-process", server_args=("--distributed-executor-backend", "mp"))
+    assert argv.count("--distributed-executor-backend") == 1 and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
