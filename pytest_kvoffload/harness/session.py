@@ -11,7 +11,7 @@ import requests
 
 from pytest_kvoffload.harness import environment
 from pytest_kvoffload.core import machine
-from pytest_kvoffload.serve import cpu_engine, page_cache
+from pytest_kvoffload.serve import page_cache
 from pytest_kvoffload.serve.backends import Backend, BackendRegistry, LaunchContext, interpreter_versions, server_launch
 from pytest_kvoffload.serve.client import Endpoint
 from pytest_kvoffload.serve.companion import Companion
@@ -91,9 +91,7 @@ class KVSession:
             run_dir = self.settings.results_dir / self.run_id
             if self.worker:
                 run_dir = run_dir / "workers" / self.worker
-            env = environment.describe()
-            s = self.settings
-            env["engine"] = cpu_engine.describe(s.engine, machine.has_cuda(), s.tensor_parallel, s.server_args)
+            env = environment.describe(self.settings)
             run_dir.mkdir(parents=True, exist_ok=True)
             env["drive"] = environment.drive(run_dir)
             if self.devices is not None:
