@@ -68,10 +68,12 @@ class Frontier:
 
 
 def measure_round(recorder: Recorder, backend: Backend, endpoint, prefix: int, r: int, frontier: Frontier) -> None:
-    """A cold request and a tier-only hit of a (prefix + 1)-token prompt, side by side."""
-    length, check = prefix + 1, r == 0  # outputs compared with a recompute once per cell
-    cold = CellRunner(recorder, backend, endpoint, Cell(length, 0.0, State.COLD), r, "measure", check).run(1)
-    hit = CellRunner(recorder, backend, endpoint, Cell(length, 1.0, State.TIER_HIT), r, "measure", check).run(1)
+    """A cold request and a tier-only hit of one (prefix + 1)-token prompt: the cold request is the hit's prime
+    (the prompt is all prefix), so each round pays one prefill, not two, and the pair shares its tokens."""
+    length, check = prefix + 1, r == 0  # the hit's output compared with the cold one's once per cell
+    runner = CellRunner(recorder, backend, endpoint, Cell(length, 1.0, State.TIER_HIT), r, "measure", check,
+                        cold_prime=True)
+    hit, cold = runner.run(1), runner.colds
     frontier.failures += [f"{c.cell.id}: {f}" for c in (cold, hit) for f in c.failures]
     result = hit.results[0]
     frontier.cells.setdefault(prefix, []).append(Round(
@@ -142,10 +144,10 @@ def probe_drive(recorder: Recorder, servers: Servers, backend: Backend, cap: flo
     recorder.progress(f"admission: measuring {backend.name} unthrottled to choose the emulated drive")
     probe = Frontier(backend.name)
     for r in range(2 if len(lengths) < 3 else 1):  # a curve needs three points: two rounds of two lengths
-        for length in lengths:
-            cells = [Cell(length, 0.0, State.COLD), Cell(length, 1.0, State.TIER_HIT)]
-            for cell in cells:
-                probe.failures += CellRunner(recorder, backend, endpoint, cell, r, "drive-probe", False).run(1).failures
+        for length in lengths:  # the cold request is the hit's prime (measure_round)
+            runner = CellRunner(recorder, backend, endpoint, Cell(length, 1.0, State.TIER_HIT), r, "drive-probe",
+                                False, cold_prime=True)
+            probe.failures += runner.run(1).failures + runner.colds.failures
     fit = analyse(recorder.cells(backend.name, purpose="drive-probe"), kv_bytes, {backend.name: backend.tier})
     entry = fit[backend.name]
     tier = entry.get("tier") or {}

@@ -199,8 +199,9 @@ class KVSession:
         """Warm a fresh server up and time its cold prefill; the first measurement fixes the grid."""
         s = self.settings
         # Fresh prompts for every start: a restarted server's tier may still hold the last start's.
-        speed = measure_prefill(endpoint, max(s.lengths), s.max_model_len, s.max_prefill_s,
-                                f"{self.salt}|{name}|start{len(self.start_seconds)}", s.model.vocab_size)
+        speed = measure_prefill(endpoint, max(self.lengths), s.max_model_len, s.max_prefill_s,
+                                f"{self.salt}|{name}|start{len(self.start_seconds)}", s.model.vocab_size,
+                                curve=self._lengths is None)
         self.speeds[name] = speed
         record = self.run_record()
         record.set_backend(name, record.backend(name)["status"], prefill=speed.to_dict())

@@ -71,15 +71,19 @@ def probe_lengths(longest: int, max_model_len: int) -> list[int]:
 
 
 def measure_prefill(endpoint: Endpoint, longest: int, max_model_len: int, budget_s: float | None,
-                    salt: str, vocab_size: int) -> PrefillSpeed:
-    """Warm the server up, then time cold prompts of doubling length until one exceeds `budget_s`."""
+                    salt: str, vocab_size: int, curve: bool = True) -> PrefillSpeed:
+    """Warm the server up, then time cold prompts of doubling length until one exceeds `budget_s`.
+
+    Without `curve`, only the longest is timed: a server started once the grid is fixed needs its warm-up
+    and one figure to set beside the first server's, not the curve that chose the grid (2.7 s less a
+    start-up with the bench's grid on the 2-core VM)."""
     def fresh(n: int, tag: str) -> list[int]:
         return make_prompt(n, 0.0, salt=f"{salt}|prefill-speed|{tag}", vocab_size=vocab_size).tokens
 
     for i in range(WARMUP_REQUESTS):
         stream_completion(endpoint, fresh(FIRST_LENGTH, f"warmup{i}"))
     speed = PrefillSpeed()
-    for n in probe_lengths(longest, max_model_len):
+    for n in probe_lengths(longest, max_model_len)[0 if curve else -1:]:
         seconds = min(stream_completion(endpoint, fresh(n, f"{n}|{r}")).client_ttft_s for r in range(REPEATS))
         speed.points.append((n, seconds))
         if budget_s is not None and seconds > budget_s:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from pytest_kvoffload.serve.backends import Backend
 from pytest_kvoffload.measure.cells import Cell, Expectation, State, expectation
@@ -55,14 +56,16 @@ class CellOutcome:
         return [r.client_ttft_s for r in self.results]
 
 
-def place_in_tier_only(endpoint: Endpoint, backend: Backend, tokens: list[int]) -> list[RequestResult]:
-    """Leave `tokens`' prefix in the backend's tier and nowhere above it; returns the priming requests."""
+def place_in_tier_only(endpoint: Endpoint, backend: Backend, tokens: list[int],
+                       first: Callable[[list[int]], RequestResult] | None = None) -> list[RequestResult]:
+    """Leave `tokens`' prefix in the backend's tier and nowhere above it; returns the priming requests.
+    `first` makes the first of them (a CellRunner's prime that doubles as a cold request or a reference)."""
     results = []
     for i in range(backend.prime_requests):
         if i:
             # A tier that stores a block only on its second lookup must see the prefix computed again.
             endpoint.reset_prefix_cache(external=False)
-        results.append(measure(endpoint, tokens))
+        results.append(first(tokens) if first is not None and not i else measure(endpoint, tokens))
     endpoint.reset_prefix_cache(external=backend.evict_connector)
     if backend.evict_connector:
         # vLLM holds promotions from the file tier until the reset is flushed by a step: run one.
@@ -72,10 +75,18 @@ def place_in_tier_only(endpoint: Endpoint, backend: Backend, tokens: list[int]) 
 
 class CellRunner:
     """Runs the rounds of one cell; `setup`, `target` and `teardown` are shaped for benchmark.pedantic, so
-    pytest-benchmark times only `target` (one streamed request; with max_tokens=1 its time is TTFT)."""
+    pytest-benchmark times only `target` (one streamed request; with max_tokens=1 its time is TTFT).
+
+    A hit cell whose prompt is all prefix (fraction 1) primes with the prompt itself: that prime is a
+    computation no cache answered (checked), so it is the output check's reference instead of another
+    recompute. With `cold_prime` it is also recorded as a cold measurement of the same prompt (`colds`), so
+    one prefill gives both the cold time and the tier's content: the admission suite's paired rounds."""
 
     def __init__(self, recorder: Recorder, backend: Backend, endpoint: Endpoint, cell: Cell,
-                 first_round: int = 0, purpose: str = "measure", check_output: bool = True) -> None:
+                 first_round: int = 0, purpose: str = "measure", check_output: bool = True,
+                 cold_prime: bool = False) -> None:
+        if cold_prime and (cell.state is State.COLD or cell.fraction != 1.0):
+            raise ValueError(f"cold_prime needs a hit cell whose prompt is all prefix, not {cell.id}")
         self.recorder = recorder
         self.backend = backend
         self.endpoint = endpoint
@@ -94,6 +105,10 @@ class CellRunner:
         self._pending: RequestResult | None = None
         # A buffered disk tier's page-cache state before this round's hit (Recorder.before_tier_read).
         self._tier_read: dict | None = None
+        self.cold_prime = cold_prime
+        self.colds = CellOutcome(Cell(cell.length, 0.0, State.COLD), backend.name)
+        # This round's prime, where it computed the whole prompt with no cache: the output check's reference.
+        self._reference: RequestResult | None = None
 
     def prompt(self, variant: str) -> Prompt:
         s = self.recorder
@@ -106,17 +121,43 @@ class CellRunner:
     def setup(self):
         self._round += 1
         self._prompt = self.prompt("measure")
+        self._reference = None
         if self.cell.state is not State.COLD:
             primer = self.prompt("prime")
+            whole = primer.tokens == self._prompt.tokens and (self.cold_prime or self._checks_output())
+            first = self._prime_whole if whole else None
             if self.cell.state is State.TIER_HIT:
-                for result in place_in_tier_only(self.endpoint, self.backend, primer.tokens):
-                    self._record(result, purpose="prime")
+                for i, result in enumerate(place_in_tier_only(self.endpoint, self.backend, primer.tokens, first)):
+                    if not (i == 0 and self.cold_prime):
+                        self._record(result, purpose="prime")
                 # A buffered disk tier could serve this hit from the page cache: not a disk read.
                 self._tier_read = self.recorder.before_tier_read(self.backend.name)
             else:
-                self._record(measure(self.endpoint, primer.tokens), purpose="prime")
+                result = (first or (lambda tokens: measure(self.endpoint, tokens)))(primer.tokens)
+                if not self.cold_prime:
+                    self._record(result, purpose="prime")
         self._before = self.endpoint.metrics()
         return (self._prompt.tokens,), {}
+
+    def _prime_whole(self, tokens: list[int]) -> RequestResult:
+        """The prime of a prompt that is all prefix: its output (and the likeliest tokens' logprobs) kept as
+        the reference when nothing was cached; with cold_prime recorded as this round's cold measurement."""
+        before = self.endpoint.metrics()
+        if self._checks_output():
+            result = stream_completion(self.endpoint, tokens, OUTPUT_TOKENS, logprobs=TIE_CANDIDATES)
+        else:
+            result = stream_completion(self.endpoint, tokens, 1)
+        attach_sources(self.endpoint, before, result)
+        problem = Expectation(None, 0).check(result.cached_by_source)
+        if problem is None and self._checks_output():
+            self._reference = result
+        if self.cold_prime:
+            if problem:
+                self.colds.failures.append(f"round {self._round}: {problem}")
+            self.colds.results.append(result)
+            self._record(result, purpose=self.purpose, expected=Expectation(None, 0), problem=problem,
+                         state=State.COLD)
+        return result
 
     def _checks_output(self) -> bool:
         # The first round of every cell; for a cold cell the check is that two computations agree.
@@ -128,8 +169,10 @@ class CellRunner:
 
     def _check_output(self, result: RequestResult) -> str | None:
         """The same prompt recomputed under a fresh cache_salt (no cache may answer it) must give the same tokens."""
-        salt = f"{self.recorder.salt}|recompute|{self.backend.name}|{self.cell.id}|{self._round}"
-        reference = recompute(self.endpoint, self._prompt.tokens, salt)
+        reference = self._reference
+        if reference is None:
+            salt = f"{self.recorder.salt}|recompute|{self.backend.name}|{self.cell.id}|{self._round}"
+            reference = recompute(self.endpoint, self._prompt.tokens, salt)
         return first_difference(result.output_token_ids, reference.output_token_ids, reference.top_logprobs)
 
     def teardown(self, tokens: list[int] | None = None) -> None:
@@ -166,19 +209,20 @@ class CellRunner:
         self._record(result, purpose=self.purpose, expected=expect, problem=problem, output=output)
 
     def _record(self, result: RequestResult, purpose: str, expected=None, problem: str | None = None,
-                output: dict | None = None) -> None:
+                output: dict | None = None, state: State | None = None) -> None:
+        cold = state is State.COLD
         record = {
             "backend": self.backend.name,
             "length": self.cell.length,
-            "fraction": self.cell.fraction,
-            "state": self.cell.state.value,
+            "fraction": 0.0 if cold else self.cell.fraction,
+            "state": (state or self.cell.state).value,
             "round": self._round,
             "purpose": purpose,
             **result.to_dict(),
         }
         record.pop("output_token_ids", None)
         record.pop("top_logprobs", None)
-        if purpose != "prime" and self._tier_read is not None:
+        if purpose != "prime" and not cold and self._tier_read is not None:
             record["tier_page_cache"], self._tier_read = self._tier_read, None
         if expected is not None:
             record["expected_source"] = expected.source

@@ -62,3 +62,18 @@ def test_lengths_beyond_the_prefill_budget_are_left_out():
     assert lengths_within((512, 4096), slow, None) == (512, 4096)
 
 
+
+
+def test_a_server_started_after_the_grid_is_fixed_times_only_the_longest(monkeypatch):
+    from pytest_kvoffload.measure import prefill_speed
+    from pytest_kvoffload.serve.client import RequestResult
+
+    sent = []
+    monkeypatch.setattr(prefill_speed, "stream_completion",
+                        lambda ep, tokens: sent.append(len(tokens)) or RequestResult(len(tokens), len(tokens) / 1e4, 0))
+    full = prefill_speed.measure_prefill(None, 4096, 16384, None, "s", 32000)
+    assert sent == [256, 256] + [n for n in (256, 512, 1024, 2048, 4096) for _ in range(2)]
+    assert [n for n, _ in full.points] == [256, 512, 1024, 2048, 4096]
+    sent.clear()
+    later = prefill_speed.measure_prefill(None, 4096, 16384, None, "s", 32000, curve=False)
+    assert sent == [256, 256, 4096, 4096] and later.points == [(4096, 0.4096)]
