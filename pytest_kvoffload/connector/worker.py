@@ -40,6 +40,18 @@ GATHER_AHEAD_BYTES = 64 << 20
 LOAD_THREADS, SAVE_THREADS = "kvoffload-load", "kvoffload-save"
 
 
+def block_runs(index, ids) -> list[tuple[int, int, int]]:
+    """(first index, first block id, length) of each run where both the indices in a chunk and the cache's
+    block ids go up by one: the copies a chunk's blocks take, as few as the block ids allow."""
+    runs: list[tuple[int, int, int]] = []
+    for i, b in zip(index, ids):
+        if runs and runs[-1][0] + runs[-1][2] == i and runs[-1][1] + runs[-1][2] == b:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((i, b, 1))
+    return runs
+
+
 class WorkerSide:
     def __init__(self, config: ConnectorConfig, fingerprint: str, store_root: Path, block_size: int) -> None:
         self.config = config
@@ -51,7 +63,11 @@ class WorkerSide:
         self.store: ChunkStore | None = None
         # Loads and saves get threads of their own: a request waits for its load, nobody waits for a save,
         # so a load must never queue behind a burst of another request's saves.
-        self.load_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix=LOAD_THREADS,
+        # io_threads reads are in flight at once, as many as the drive reference has (drive/probe.py); the
+        # load pool has twice that many threads, so a chunk's scatter into the cache (CPU work) runs while
+        # another thread reads, instead of leaving the drive a read short.
+        self._read_slots = threading.Semaphore(config.io_threads)
+        self.load_pool = ThreadPoolExecutor(max_workers=2 * config.io_threads, thread_name_prefix=LOAD_THREADS,
                                             initializer=self._start_io_thread, initargs=(LOAD_THREADS,))
         self.save_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix=SAVE_THREADS,
                                             initializer=self._start_io_thread, initargs=(SAVE_THREADS,))
@@ -259,7 +275,9 @@ class WorkerSide:
             time.sleep(delay)
         buffer = self._buffer()
         count = chunk.count or self.layout.blocks
-        if not self.store.read(chunk.key, buffer, count, used=len(chunk.blocks)):
+        with self._read_slots:
+            read = self.store.read(chunk.key, buffer, count, used=len(chunk.blocks))
+        if not read:
             with self._report_lock:
                 self._report.dropped.append(chunk.key)
             return False, time.perf_counter()
@@ -279,10 +297,10 @@ class WorkerSide:
         return torch.zeros_like(src) if fault == "zero" else torch.roll(src, 1, dims=1 if src.shape[1] > 1 else 0)
 
     def _scatter(self, src: torch.Tensor, index: list[int], ids: list[int]) -> None:
-        # A chunk's blocks are loaded as one run (the prefix ends inside the chunk): a slice, not a gather.
-        contiguous = index == list(range(index[0], index[0] + len(index)))
-        rows = src[:, index[0]:index[0] + len(index)] if contiguous else src[:, index]
         if self._cuda:
+            # A chunk's blocks are loaded as one run (the prefix ends inside the chunk): a slice, not a gather.
+            contiguous = index == list(range(index[0], index[0] + len(index)))
+            rows = src[:, index[0]:index[0] + len(index)] if contiguous else src[:, index]
             stream = self._thread_stream()
             with torch.cuda.stream(stream):
                 dst_ids = torch.tensor(ids, device=self.device)
@@ -291,9 +309,11 @@ class WorkerSide:
             # The request is reported loaded only after this, so its first forward reads complete blocks.
             stream.synchronize()
             return
-        dst_ids = torch.tensor(ids)
-        for layer, blocks in zip(self.layers, rows):
-            layer.index_copy_(0, dst_ids, blocks)
+        # Run by run of consecutive blocks on both sides: slice copies are memcpy, where index_copy_ on a CPU
+        # tensor indexes element by element (a chunk of 2 blocks x 8 layers of tiny-llama: 0.18 ms against 0.04).
+        for first, start, n in block_runs(index, ids):
+            for layer, blocks in zip(self.layers, src):
+                layer[start:start + n].copy_(blocks[first:first + n])
 
     def _gather_now(self, job: SaveJob) -> np.ndarray | None:
         """Gather a chunk on the calling (step's) thread into a held buffer; None past the bound."""
@@ -343,9 +363,9 @@ class WorkerSide:
                     dst[i].copy_(layer.index_select(0, ids), non_blocking=True)  # into pinned memory
             stream.synchronize()
         else:
-            ids = torch.tensor(job.block_ids)
-            for i, layer in enumerate(self.layers):
-                torch.index_select(layer, 0, ids, out=dst[i])
+            for first, start, n in block_runs(range(len(job.block_ids)), job.block_ids):  # as in _scatter
+                for i, layer in enumerate(self.layers):
+                    dst[i][first:first + n].copy_(layer[start:start + n])
         # The gather's share of a save, beside save_seconds (the file write): where a slow save's time goes.
         self.counters.add("save_copy_seconds", time.perf_counter() - started)
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from pytest_kvoffload.serve.client import Endpoint, stream_completion
 from pytest_kvoffload.measure.prompts import make_prompt
+from pytest_kvoffload.measure.runner import OUTPUT_TOKENS, TIE_CANDIDATES
 
 FIRST_LENGTH = 256
 WARMUP_REQUESTS = 2  # untimed: allocations, caches and the first forward's one-time costs
@@ -81,7 +82,12 @@ def measure_prefill(endpoint: Endpoint, longest: int, max_model_len: int, budget
         return make_prompt(n, 0.0, salt=f"{salt}|prefill-speed|{tag}", vocab_size=vocab_size).tokens
 
     for i in range(WARMUP_REQUESTS):
-        stream_completion(endpoint, fresh(FIRST_LENGTH, f"warmup{i}"))
+        if i:
+            # The output checks' path too: a server's first request with logprobs took 1.4 s where the next
+            # took 0.23 (1,025 tokens, 2-core VM), and a cold request may be one (runner.CellRunner's prime).
+            stream_completion(endpoint, fresh(FIRST_LENGTH, f"warmup{i}"), OUTPUT_TOKENS, logprobs=TIE_CANDIDATES)
+        else:
+            stream_completion(endpoint, fresh(FIRST_LENGTH, f"warmup{i}"))
     speed = PrefillSpeed()
     for n in probe_lengths(longest, max_model_len)[0 if curve else -1:]:
         seconds = min(stream_completion(endpoint, fresh(n, f"{n}|{r}")).client_ttft_s for r in range(REPEATS))

@@ -58,3 +58,32 @@ def test_buffers_are_bounded_and_reused():
     pool.give_back(a)
     pool.give_back(b)
     assert len(made) == 2
+
+
+def test_block_runs_split_where_either_side_jumps():
+    assert worker_module.block_runs([0, 1, 2, 3], [5, 6, 7, 8]) == [(0, 5, 4)]
+    assert worker_module.block_runs([0, 1, 2, 3], [5, 6, 9, 10]) == [(0, 5, 2), (2, 9, 2)]
+    assert worker_module.block_runs([1, 3], [4, 5]) == [(1, 4, 1), (3, 5, 1)]
+    assert worker_module.block_runs([2, 3], [7, 6]) == [(2, 7, 1), (3, 6, 1)]
+    assert worker_module.block_runs([], []) == []
+
+
+def test_blocks_round_trip_through_scattered_block_ids(tmp_path):
+    """Saved from block ids that jump and run backwards, loaded into others, part of a chunk too: every
+    block lands where its id says (the slice copies of block_runs against an element-wise reference)."""
+    side = worker(tmp_path, BLOCKS)
+    torch.manual_seed(0)
+    for layer in side.layers:
+        layer.copy_(torch.randn_like(layer.float()).to(layer.dtype))
+    before = [layer.clone() for layer in side.layers]
+    key = f"{1:032x}"
+    saved = [9, 3]  # a chunk of two blocks, its ids out of order
+    side.wait_for_save(KVOffloadMetadata(saves=[SaveJob("p", key, saved, 0, 0)]))
+    finish(side, "p")
+    for target in ([0, 1], [11, 4]):
+        got = loaded_back(side, key, target)
+        assert all(torch.equal(g, layer[saved]) for g, layer in zip(got, before)), target
+    # The second block of the chunk alone, into block 6: the load's index starts inside the chunk.
+    side.start_load_kv(KVOffloadMetadata(loads=[LoadJob("q", [ChunkBlocks(key, [(1, 6)])], sync=True)]))
+    assert all(torch.equal(layer[6], b[3]) for layer, b in zip(side.layers, before))
+    side.shutdown()

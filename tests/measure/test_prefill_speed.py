@@ -68,11 +68,19 @@ def test_a_server_started_after_the_grid_is_fixed_times_only_the_longest(monkeyp
     from pytest_kvoffload.measure import prefill_speed
     from pytest_kvoffload.serve.client import RequestResult
 
-    sent = []
-    monkeypatch.setattr(prefill_speed, "stream_completion",
-                        lambda ep, tokens: sent.append(len(tokens)) or RequestResult(len(tokens), len(tokens) / 1e4, 0))
+    sent, logprobs = [], []
+
+    def complete(ep, tokens, max_tokens=1, logprobs=None):
+        sent.append(len(tokens))
+        asked.append(logprobs)
+        return RequestResult(len(tokens), len(tokens) / 1e4, 0)
+
+    asked = logprobs
+    monkeypatch.setattr(prefill_speed, "stream_completion", complete)
     full = prefill_speed.measure_prefill(None, 4096, 16384, None, "s", 32000)
     assert sent == [256, 256] + [n for n in (256, 512, 1024, 2048, 4096) for _ in range(2)]
+    # One warm-up takes the output checks' path (logprobs), whose first use is slow; timed requests do not.
+    assert asked[:2] == [None, prefill_speed.TIE_CANDIDATES] and not any(asked[2:])
     assert [n for n, _ in full.points] == [256, 512, 1024, 2048, 4096]
     sent.clear()
     later = prefill_speed.measure_prefill(None, 4096, 16384, None, "s", 32000, curve=False)
