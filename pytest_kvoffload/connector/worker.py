@@ -63,11 +63,7 @@ class WorkerSide:
         self.store: ChunkStore | None = None
         # Loads and saves get threads of their own: a request waits for its load, nobody waits for a save,
         # so a load must never queue behind a burst of another request's saves.
-        # io_threads reads are in flight at once, as many as the drive reference has (drive/probe.py); the
-        # load pool has twice that many threads, so a chunk's scatter into the cache (CPU work) runs while
-        # another thread reads, instead of leaving the drive a read short.
-        self._read_slots = threading.Semaphore(config.io_threads)
-        self.load_pool = ThreadPoolExecutor(max_workers=2 * config.io_threads, thread_name_prefix=LOAD_THREADS,
+        self.load_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix=LOAD_THREADS,
                                             initializer=self._start_io_thread, initargs=(LOAD_THREADS,))
         self.save_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix=SAVE_THREADS,
                                             initializer=self._start_io_thread, initargs=(SAVE_THREADS,))
@@ -275,9 +271,7 @@ class WorkerSide:
             time.sleep(delay)
         buffer = self._buffer()
         count = chunk.count or self.layout.blocks
-        with self._read_slots:
-            read = self.store.read(chunk.key, buffer, count, used=len(chunk.blocks))
-        if not read:
+        if not self.store.read(chunk.key, buffer, count, used=len(chunk.blocks)):
             with self._report_lock:
                 self._report.dropped.append(chunk.key)
             return False, time.perf_counter()
