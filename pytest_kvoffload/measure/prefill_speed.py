@@ -3,8 +3,9 @@
 Our CPUs differ by more than ten times (an AVX2-only EPYC computes tiny-llama's 4,096-token prefill in
 7.4 s in float32, an AVX-512 machine in 0.8 s in bf16), so nothing here assumes a speed. Every server
 gets warm-up requests (the first requests of a server pay one-time costs and must not land in a cell),
-and those requests are timed: cold prompts of doubling length, 256 tokens up to the grid's longest,
-stopping once one takes longer than the prefill budget. From them:
+and those requests are timed: on the session's first server cold prompts of doubling length, 256 tokens
+up to the grid's longest, stopping once one takes longer than the prefill budget; on later ones the grid's
+longest alone. From them:
 
 - the default grid keeps only the lengths whose cold prefill is predicted within the budget
   (`Settings.max_prefill_s`; lengths the user gave with --kv-lengths are always kept);
@@ -76,8 +77,8 @@ def measure_prefill(endpoint: Endpoint, longest: int, max_model_len: int, budget
     """Warm the server up, then time cold prompts of doubling length until one exceeds `budget_s`.
 
     Without `curve`, only the longest is timed: a server started once the grid is fixed needs its warm-up
-    and one figure to set beside the first server's, not the curve that chose the grid (2.7 s less a
-    start-up with the bench's grid on the 2-core VM)."""
+    and one figure to set beside the first server's, not the curve that chose the grid (make bench's
+    seven warm-ups took 24 s against 36 on the 2-core VM)."""
     def fresh(n: int, tag: str) -> list[int]:
         return make_prompt(n, 0.0, salt=f"{salt}|prefill-speed|{tag}", vocab_size=vocab_size).tokens
 

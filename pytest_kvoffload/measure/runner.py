@@ -125,9 +125,9 @@ class CellRunner:
         if self.cell.state is not State.COLD:
             # The prime is the shared prefix alone: what the hit may find cached is its whole blocks (or storage
             # units) either way, and a prime of the whole length would compute a suffix no request reuses
-            # (half the prime's prefill at fraction 0.5). A prompt with no shared token is primed whole.
-            primer = self._prompt if self._prompt.prefix else self.prompt("prime")
-            primer = Prompt(primer.prefix, ()) if primer.prefix else primer
+            # (half the prime's prefill at fraction 0.5). A prompt with no shared token gets a whole prompt
+            # of its own that shares nothing.
+            primer = Prompt(self._prompt.prefix, ()) if self._prompt.prefix else self.prompt("prime")
             whole = primer.tokens == self._prompt.tokens and (self.cold_prime or self._checks_output())
             first = self._prime_whole if whole else None
             if self.cell.state is State.TIER_HIT:
