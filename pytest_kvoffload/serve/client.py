@@ -167,10 +167,10 @@ def settled_snapshot(endpoint: Endpoint, before: Snapshot, prompt_tokens: int, d
         time.sleep(0.05)
 
 
-def measure(endpoint: Endpoint, prompt: list[int], max_tokens: int = 1) -> RequestResult:
+def measure(endpoint: Endpoint, prompt: list[int], max_tokens: int = 1, logprobs: int | None = None) -> RequestResult:
     """A request with the change of the cached-token counters (by source) around it."""
     before = endpoint.metrics()
-    result = stream_completion(endpoint, prompt, max_tokens)
+    result = stream_completion(endpoint, prompt, max_tokens, logprobs=logprobs)
     attach_sources(endpoint, before, result)
     return result
 

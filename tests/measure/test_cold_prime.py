@@ -61,8 +61,8 @@ def install(monkeypatch, fake):
     def attach(ep, before, result):
         result.cached_by_source = dict(fake._last)
 
-    def measure(ep, tokens):
-        result = fake.complete(tokens)
+    def measure(ep, tokens, max_tokens=1, logprobs=None):
+        result = fake.complete(tokens, max_tokens, None, logprobs)
         attach(ep, None, result)
         return result
 
