@@ -21,10 +21,12 @@ class FakeServer:
     """A tier that keeps every prompt it computed, whole blocks of it; `cache_everything` makes even the first
     request of a prompt a hit (a prime that was not a computation from scratch)."""
 
-    def __init__(self, cache_everything: bool = False, wrong_after_load: bool = False) -> None:
+    def __init__(self, cache_everything: bool = False, wrong_after_load: bool = False,
+                 cache_first_block: bool = False) -> None:
         self.tier: set[tuple[int, ...]] = set()
         self.requests: list[tuple[int, int, bool]] = []  # (prompt tokens, max_tokens, with a cache_salt)
         self.cache_everything = cache_everything
+        self.cache_first_block = cache_first_block  # a first request finds one block of its prompt cached
         self.wrong_after_load = wrong_after_load
         self._last: dict = {}
 
@@ -38,6 +40,8 @@ class FakeServer:
         key = tuple(tokens)
         hit = not cache_salt and (key in self.tier or self.cache_everything)
         cached = (len(tokens) - 1) // BLOCK * BLOCK if hit else 0
+        if not cache_salt and not hit and self.cache_first_block:
+            cached = BLOCK
         self.tier.add(key)
         self.requests.append((len(tokens), max_tokens, bool(cache_salt)))
         output = [sum(tokens) % 1000 + i for i in range(max_tokens)]
@@ -133,3 +137,12 @@ def test_wrong_kv_is_caught_against_the_prime(monkeypatch):
 def test_cold_prime_needs_a_prompt_that_is_all_prefix(server):
     with pytest.raises(ValueError, match="all prefix"):
         hit_runner([], server, cold_prime=True, fraction=0.5)
+
+
+def test_a_prime_with_one_cached_block_is_no_reference_either(monkeypatch):
+    """The near miss: 128 of 1,025 tokens served from cache is not a computation from scratch."""
+    fake = install(monkeypatch, FakeServer(cache_first_block=True))
+    runner = hit_runner([], fake, cold_prime=True)
+    runner.run(1)
+    assert runner.colds.failures and "128 tokens came from cache" in runner.colds.failures[0]
+    assert fake.requests[-1][2], "the output check must fall back to a recompute under a fresh cache_salt"
