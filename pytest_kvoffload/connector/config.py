@@ -93,7 +93,11 @@ SWITCH_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False
 # Every kv_connector_extra_config key the connector reads.
 OPTIONS = frozenset({"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps",
                      "read_latency_ms", "calibration", "calibration_mismatch", "load_mode", "admission", "fault",
-                     "io_slice_us"})
+                     "io_slice_us", "idle_wait_ms"})
+
+# How long an idle step's worker waits for a load in flight (idle_wait_ms): the most a request arriving
+# meanwhile waits before the engine sees it. Shorter only costs one empty step a wait.
+DEFAULT_IDLE_WAIT_MS = 5.0
 
 
 def default_chunk_tokens(block_size: int) -> int:
@@ -109,6 +113,9 @@ class ConnectorConfig:
     io_threads: int = 2
     # The I/O threads' scheduler slice (io_threads.py): the kernel's shortest by default; 0 keeps its default.
     io_slice_us: int = MIN_SLICE_US
+    # A step with nothing to compute and loads in flight waits up to this long for one to finish (worker.py,
+    # get_finished) instead of handing the core back to vLLM's empty-step loop; 0: never waits.
+    idle_wait_s: float = DEFAULT_IDLE_WAIT_MS / 1e3
     direct_io: bool = True  # O_DIRECT where the file system allows it; buffered + page drop otherwise
     read_bytes_per_s: float | None = None  # emulate a slower drive
     read_latency_s: float = 0.0  # and its access latency: each load's reads start this much later
@@ -126,7 +133,7 @@ class ConnectorConfig:
 
     @classmethod
     def from_extra(cls, extra: dict, block_size: int) -> "ConnectorConfig":
-        """Keys: store_dir, capacity_gb, chunk_tokens, io_threads, io_slice_us, direct_io, read_gbps, calibration,
+        """Keys: store_dir, capacity_gb, chunk_tokens, io_threads, io_slice_us, idle_wait_ms, direct_io, read_gbps, calibration,
         load_mode, admission."""
         known = OPTIONS
         unknown = set(extra) - known
@@ -176,6 +183,10 @@ class ConnectorConfig:
         if slice_us and not MIN_SLICE_US <= slice_us <= MAX_SLICE_US:
             raise ConnectorConfigError(f"kvoffload connector: io_slice_us {slice_us} must be 0 (the kernel's "
                                        f"default) or {MIN_SLICE_US} to {MAX_SLICE_US}")
+        idle_wait_ms = _number(extra, "idle_wait_ms", float, DEFAULT_IDLE_WAIT_MS, "a number of milliseconds")
+        if not 0 <= idle_wait_ms <= 1000:
+            raise ConnectorConfigError(f"kvoffload connector: idle_wait_ms {idle_wait_ms} must be 0 (never wait) "
+                                       f"to 1000")
         direct = _switch(extra, "direct_io", True)
         return cls(
             store_dir=Path(extra["store_dir"]),
@@ -183,6 +194,7 @@ class ConnectorConfig:
             chunk_tokens=chunk,
             io_threads=threads,
             io_slice_us=slice_us,
+            idle_wait_s=idle_wait_ms / 1e3,
             direct_io=bool(direct),
             read_bytes_per_s=float(read_gbps) * 1e9 if read_gbps is not None else None,
             read_latency_s=latency_ms / 1e3,

@@ -153,7 +153,8 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
         self._worker.wait_for_save(meta)
 
     def get_finished(self, finished_req_ids):
-        return self._worker.get_finished(finished_req_ids)
+        meta = self._get_connector_metadata() if self.has_connector_metadata() else None
+        return self._worker.get_finished(finished_req_ids, idle=isinstance(meta, KVOffloadMetadata) and meta.idle)
 
     def build_connector_worker_meta(self):
         return self._worker.worker_meta() if self._worker is not None else None

@@ -42,6 +42,9 @@ class KVOffloadMetadata(KVConnectorMetadata):
     # (evicted or found damaged), before this step's loads and saves.
     clear: bool = False
     deletes: list[str] = field(default_factory=list)
+    # No token is computed this step (vLLM still runs it, to poll the connector): the worker may wait for a
+    # load in flight instead of returning at once (worker.WorkerSide.get_finished).
+    idle: bool = False
 
 
 @dataclass

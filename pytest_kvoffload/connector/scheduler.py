@@ -173,6 +173,7 @@ class SchedulerSide:
             self._plan_saves(req_id, tracked, done, meta)
         # Stores announced above may have evicted chunks: their deletions travel in this same step.
         meta.clear, meta.deletes = self.index.take_deletions()
+        meta.idle = not any(scheduler_output.num_scheduled_tokens.values())
         return meta
 
     def _count_computed(self, tracked: _Tracked, before: int, after: int) -> None:

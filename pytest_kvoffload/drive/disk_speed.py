@@ -20,18 +20,20 @@ second (twice the first on the 2-core VM). The scheduler's per-chunk times of th
 are printed beside those of the store alone.
 
 The connector's own pattern is bursts: a step's chunks written at once, a prompt's chunks read at once,
-then nothing. The drive alone in that pattern (probe_disk_bursts: raw requests, none of our code) is the
-reference the targets are held to, and the gap to the continuous probe splits in three: what the pattern
-costs on the drive (drive in bursts / continuous probe), what the connector's code costs (its save and
-load paths alone in the pattern, no engine: drive/worker_probe.py, against the drive in it) and what the engine
-beside it costs (the connector in the server against its code alone).
+then nothing. The drive alone in that pattern, measured right after each of the connector's rounds (raw
+requests, none of our code: drive/beside.py), is the reference the targets are held to: both figures cover
+the same minutes of a drive that moves by a fifth within minutes. After the rounds the gap splits in
+three: what the pattern costs on the drive (drive in bursts / continuous probe), what the connector's code
+costs (its save and load paths alone in the pattern, no engine: drive/worker_probe.py, pass by pass
+interleaved with the drive alone in it, the median of the paired ratios) and what the engine beside it
+costs (the connector in the server against its code alone).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tabulate import tabulate
@@ -43,9 +45,11 @@ from pytest_kvoffload.core.machine import has_cuda
 from pytest_kvoffload.core.models import DTYPE_BYTES
 from pytest_kvoffload.core.progress import Say, Tracker
 from pytest_kvoffload.core.settings import Settings
+from pytest_kvoffload.drive.beside import DriveBeside, chunks_of
 from pytest_kvoffload.drive.cpu_use import describe, narrowest_affinity, sample, thread_times, usage
 from pytest_kvoffload.drive.engine_load import EngineLoad
-from pytest_kvoffload.drive.probe import probe_disk, probe_disk_bursts, probe_store, write_reference
+from pytest_kvoffload.drive.probe import BurstResult, probe_disk, probe_disk_bursts, probe_store, write_reference
+from pytest_kvoffload.drive.rate import Rate
 from pytest_kvoffload.drive.worker_probe import probe_worker_bursts
 from pytest_kvoffload.measure.prompts import expected_cached, make_prompt
 from pytest_kvoffload.serve.client import Endpoint, measure
@@ -59,8 +63,29 @@ TOTALS = ("bytes_read", "useful_bytes_read", "bytes_written", "useful_bytes_writ
 # 250 ms gave the same figures (docs/notes/2026-12-01-bursts.md).
 MAX_GAP_S = 0.1
 
+# Passes of the drive alone and of the connector's code alone in the pattern, interleaved (a pair each).
+PATTERN_PASSES = 3
+
 # What the store-alone-beside-the-engine pass checks did (not) move.
 QUIET = ("chunks_read", "chunks_written", "requests_opted_out")
+
+
+def passes(results: list):
+    """Single-pass burst results as one: each rate the median, lowest and highest of the passes."""
+    return replace(results[0], **{way: Rate.of(r.rate(way).median for r in results if r.rate(way))
+                                  for way in ("write", "overwrite", "read") if hasattr(results[0], way)})
+
+
+def paired_median(drives: list[BurstResult], workers: list, way: str, over_share: float) -> float | None:
+    """The median over interleaved passes of the connector's code alone over the drive alone in the pattern
+    (writes against the drive's figure for the connector's mix of new and recycled files)."""
+    ratios = []
+    for drive, worker in zip(drives, workers):
+        reference = write_reference(drive, over_share) if way == "write" else drive.read_gbps
+        ours = worker.rate(way).median
+        if reference and ours:
+            ratios.append(ours / reference)
+    return statistics.median(ratios) if ratios else None
 
 
 def totals(endpoint, names=TOTALS) -> dict:
@@ -125,6 +150,7 @@ class DiskSpeed:
         self.cpu_start = sample(self.pgid)
         self.io_start = {name: thread_times(self.pgid, name) for name in (SAVE_THREADS, LOAD_THREADS)}
         self.rows, self.ttft = [], {}
+        self.drive_beside = DriveBeside(self.store, self.chunk_file, self.threads)
         self.rounds_started = time.monotonic()
         tracker = Tracker(self.progress, "disk speed on kvoffload-disk", len(self.lengths) * kv_settings.rounds,
                           "lengths x rounds", total_work=sum(self.lengths) * kv_settings.rounds)
@@ -138,6 +164,9 @@ class DiskSpeed:
                 kv_server.reset_prefix_cache(external=False)
                 disk = measure(kv_server, tokens)
                 kv_server.reset_prefix_cache(external=False)
+                # The drive alone in the round's pattern at once (drive/beside.py): the targets' reference.
+                self.drive_beside.after_round(chunks_of(length, kv_settings.block_size, self.chunk_tokens),
+                                              cold.client_ttft_s)
                 # Every whole block, the last one too: beside an engine hit that one comes from disk.
                 whole = expected_cached(length, length, kv_settings.block_size, last_block=True)
                 engine = expected_cached(length, length, kv_settings.block_size)
@@ -190,22 +219,31 @@ class DiskSpeed:
         # worse (on the 2-core VM 50, 100 and 250 ms gaps gave the same, within noise).
         batches = end["save_batches"] - start["save_batches"]
         drive_bursts, worker_bursts, gap_s = None, None, None
+        self.code_share = {}
         if batches and written:
             gap_s = max(0.0, (rounds_s - (end["save_wall_seconds"] - start["save_wall_seconds"])) / batches)
             burst = round(written / batches)
             # A load reads a prompt's chunks at once: one load per disk hit of the rounds.
             read_burst = max(1, round((end["chunks_read"] - start["chunks_read"]) / (len(lengths) * kv_settings.rounds)))
-            drive_bursts = probe_disk_bursts(store, chunk_file, burst, min(gap_s, MAX_GAP_S), total_bytes=32 << 20,
-                                             threads=threads, read_burst=read_burst)
             # Then the connector's own save and load paths in the same pattern (its options, its threads on the
             # worker's CPUs): against the drive in it, what its code costs; the rounds against it, the engine.
             # The CPU build's paths only: on CUDA the connector copies through pinned memory on its own streams,
             # which a CPU cache in this process would not run, so no figure rather than another path's.
-            if not has_cuda():
-                worker_bursts = probe_worker_bursts(
-                    store, {"chunk_tokens": self.chunk_tokens, **kv_settings.disk_opts}, kv_settings.model.num_layers,
-                    kv_settings.block_size, kv_settings.kv_bytes_per_token, DTYPE_BYTES[kv_settings.dtype], burst,
-                    min(gap_s, MAX_GAP_S), over_share=over_share, cpus=worker_cpus, read_burst=read_burst)
+            # Pass by pass, a pass of each in turn: the drive moves within minutes, so the code's share is the
+            # median of the passes' paired ratios, not a ratio of figures taken minutes apart.
+            drives, workers = [], []
+            for _ in range(PATTERN_PASSES):
+                drives.append(probe_disk_bursts(store, chunk_file, burst, min(gap_s, MAX_GAP_S), total_bytes=32 << 20,
+                                                repeats=1, threads=threads, read_burst=read_burst))
+                if not has_cuda():
+                    workers.append(probe_worker_bursts(
+                        store, {"chunk_tokens": self.chunk_tokens, **kv_settings.disk_opts},
+                        kv_settings.model.num_layers, kv_settings.block_size, kv_settings.kv_bytes_per_token,
+                        DTYPE_BYTES[kv_settings.dtype], burst, min(gap_s, MAX_GAP_S), repeats=1,
+                        over_share=over_share, cpus=worker_cpus, read_burst=read_burst))
+            drive_bursts = passes(drives)
+            worker_bursts = passes(workers) if workers else None
+            self.code_share = {way: paired_median(drives, workers, way, over_share) for way in ("write", "read")}
         self.drive_bursts, self.worker_bursts, self.gap_s = drive_bursts, worker_bursts, gap_s
 
     def beside_the_engine(self) -> None:
@@ -351,43 +389,58 @@ class DiskSpeed:
         self.text = self.text_of(machine, breakdown + self.pattern_lines(figures, drive_bursts, worker_bursts, over_share,
                                                                          reference, delivered, gap_s), table)
 
-    @staticmethod
-    def pattern_lines(figures, drive_bursts, worker_bursts, over_share, reference, delivered, gap_s) -> str:
-        """The gap to the drive in three: the pattern on the drive, the connector's code, the engine."""
+    def pattern_lines(self, figures, drive_bursts, worker_bursts, over_share, reference, delivered, gap_s) -> str:
+        """The targets' ratio against the drive in the connector's pattern beside the rounds, then the gap split
+        in three: the pattern on the drive, the connector's code, the engine."""
         breakdown = ""
+        beside = self.drive_beside
+        if beside.rounds and delivered["read"]:
+            # The targets' reference: the drive in the connector's own pattern right after each round (raw
+            # requests, drive/beside.py), summed over the rounds as the connector's counters are.
+            figures["drive_in_pattern_beside_rounds"] = beside.to_dict()
+            ours = {"write": beside.write_reference(over_share), "read": beside.gbps("read")}
+            ratios = []
+            for way in ("write", "read"):
+                if ours[way] and delivered[way]:
+                    figures[f"{way}_drive_in_pattern_gbps"] = ours[way]
+                    figures[f"{way}_vs_drive_in_pattern"] = delivered[way] / ours[way]
+                    ratios.append(f"{way.upper()} {figures[f'{way}_vs_drive_in_pattern']:.2f} "
+                                  f"({delivered[way] * 1e3:,.0f} against {ours[way] * 1e3:,.0f} MB/s)")
+            breakdown += (f"\nthe drive alone in the connector's pattern right after each round (raw requests, no "
+                          f"store code): {beside.describe()}\n"
+                          f"connector / the drive in the connector's own pattern: {', '.join(ratios)}")
         if drive_bursts:
-            # The targets' reference: the drive in the connector's own pattern (a step's chunks written at once, a
-            # prompt's read at once), raw requests. Against the continuous probe, what that pattern costs here.
+            # After the rounds, the same pattern with the rounds' gaps: against the continuous probe, what the
+            # pattern itself costs here.
             pattern = {"write": write_reference(drive_bursts, over_share), "read": drive_bursts.read_gbps}
-            costs, ratios = [], []
+            costs = []
             for way in ("write", "read"):
                 if not pattern[way]:
                     continue
                 figures[f"{way}_drive_in_bursts_gbps"] = pattern[way]
                 figures[f"{way}_drive_in_bursts_vs_probe"] = pattern[way] / reference[way] if reference[way] else None
-                figures[f"{way}_vs_drive_in_bursts"] = delivered[way] / pattern[way]
                 costs.append(f"{way} {pattern[way]:.2f} GB/s = {figures[f'{way}_drive_in_bursts_vs_probe'] or 0:.2f}")
-                ratios.append(f"{way.upper()} {figures[f'{way}_vs_drive_in_bursts']:.2f}")
             figures["save_gap_s"] = gap_s
-            breakdown += (f"\nthe drive alone in the connector's pattern (raw requests, no store code; in the rounds a "
-                          f"step's saves came {gap_s * 1e3:.0f} ms apart): {drive_bursts.describe()}; for the connector's mix {', '.join(costs)} of the continuous probe "
-                          f"(what the pattern costs on this drive)\n"
-                          f"connector / the drive in the connector's own pattern: {', '.join(ratios)}")
+            breakdown += (f"\nafter the rounds, the drive alone in that pattern with the rounds' gaps (a step's saves "
+                          f"came {gap_s * 1e3:.0f} ms apart): {drive_bursts.describe()}; for the connector's mix "
+                          f"{', '.join(costs)} of the continuous probe (what the pattern costs on this drive)")
             if worker_bursts:
-                # The rest split in two: the connector's code alone against the drive in the pattern, and the
-                # connector in the server against its code alone (the engine beside it).
+                # The rest split in two: the connector's code alone against the drive in the pattern (pass by pass),
+                # and the connector in the server against its code alone (the engine beside it).
                 code, engine = [], []
                 for way in ("write", "read"):
                     alone_gbps = getattr(worker_bursts, f"{way}_gbps")
-                    if not (alone_gbps and pattern[way]):
+                    share = self.code_share.get(way)
+                    if not (alone_gbps and share):
                         continue
-                    figures[f"{way}_worker_alone_vs_drive_in_bursts"] = alone_gbps / pattern[way]
+                    figures[f"{way}_worker_alone_vs_drive_in_bursts"] = share
                     figures[f"{way}_vs_worker_alone"] = delivered[way] / alone_gbps
-                    code.append(f"{way} {figures[f'{way}_worker_alone_vs_drive_in_bursts']:.2f}")
+                    code.append(f"{way} {share:.2f}")
                     engine.append(f"{way} {figures[f'{way}_vs_worker_alone']:.2f}")
-                breakdown += (f"\nthe connector's save and load paths alone in that pattern, no engine: "
-                              f"{worker_bursts.describe()}: {', '.join(code)} of the drive in it (what the code costs); "
-                              f"the connector in the server {', '.join(engine)} of them (what the engine beside it costs)")
+                breakdown += (f"\nthe connector's save and load paths alone in that pattern, no engine, a pass of each "
+                              f"in turn: {worker_bursts.describe()}: {', '.join(code)} of the drive in it (the median "
+                              f"of {PATTERN_PASSES} paired passes: what the code costs); the connector in the server "
+                              f"{', '.join(engine)} of them (what the engine beside it costs)")
         return breakdown
 
     def text_of(self, machine: str, breakdown: str, table: str) -> str:

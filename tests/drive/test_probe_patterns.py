@@ -91,3 +91,57 @@ def test_the_connectors_save_path_alone_in_bursts_is_timed_by_its_own_counters_a
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(NotADirectoryError, match="not a folder"):
         probe_worker_bursts(tmp_path / "nowhere", {}, 2, 16, per_token, 2, 2, 0.0)
+
+
+def test_the_drive_beside_the_rounds_sums_bytes_over_busy_time_and_leaves_nothing(tmp_path):
+    from pytest_kvoffload.drive.beside import DriveBeside, chunks_of
+    from pytest_kvoffload.drive.probe import BurstResult
+    from pytest_kvoffload.drive.rate import Rate
+
+    beside = DriveBeside(tmp_path, 64 << 10, threads=2)
+    for chunks in (1, 3):
+        began = time.perf_counter()
+        measured = beside.after_round(chunks, idle_s=0.05)
+        # The drive's rest before each burst, as before the connector's saves: once first, then after each way.
+        assert time.perf_counter() - began >= 4 * 0.05
+        assert measured.burst == chunks and measured.read_burst == chunks
+        assert min(measured.write_gbps, measured.overwrite_gbps, measured.read_gbps) > 0
+    assert list(tmp_path.iterdir()) == []
+    assert beside.to_dict()["rounds"] == 2 and "2 rounds" in beside.describe()
+
+    # Summed as the connector's counters are: bytes over busy seconds. One chunk at 1 GB/s and three at 2 GB/s
+    # are 4 chunks in 2.5 chunk-seconds (1.6 GB/s); a mean or median of the rounds' rates (1.5) is the near miss.
+    def round_of(chunks, gbps, over=4.0):
+        return BurstResult("x", 1 << 20, chunks, 0.0, 2, Rate(gbps, gbps, gbps), Rate(over, over, over), chunks,
+                           Rate(gbps, gbps, gbps))
+    beside.rounds = [round_of(1, 1.0), round_of(3, 2.0)]
+    assert beside.gbps("read") == pytest.approx(1.6)
+    assert beside.spread("read") == Rate(1.5, 1.0, 2.0)
+    # The connector's mix of new and recycled files: half its bytes at 1.6, half at 4 GB/s.
+    assert beside.write_reference(0.5) == pytest.approx(1.0 / (0.5 / 4.0 + 0.5 / 1.6))
+    assert beside.write_reference(0.0) == pytest.approx(1.6)
+
+    # A prompt's chunk files: its whole blocks, the last one too, two blocks a file (the last may hold one).
+    assert chunks_of(512, 128, 256) == 2 and chunks_of(384, 128, 256) == 2 and chunks_of(4096, 128, 256) == 16
+    assert chunks_of(511, 128, 256) == 2 and chunks_of(100, 128, 256) == 0
+
+
+def test_the_codes_share_is_the_median_of_paired_passes_not_a_ratio_of_medians():
+    from pytest_kvoffload.drive.disk_speed import paired_median, passes
+    from pytest_kvoffload.drive.probe import BurstResult
+    from pytest_kvoffload.drive.rate import Rate
+
+    def drive(gbps):
+        return BurstResult("x", 1 << 20, 6, 0.1, 2, Rate(gbps, gbps, gbps), Rate(), 8, Rate(gbps, gbps, gbps))
+    # The drive moved between passes (1, 2, then 1 GB/s); the code kept 0.9 of it in every pass.
+    drives = [drive(1.0), drive(2.0), drive(1.0)]
+    workers = [drive(0.9), drive(1.8), drive(0.9)]
+    assert paired_median(drives, workers, "read", 0.0) == pytest.approx(0.9)
+    # The near miss, medians taken apart: 0.9 / 1.0 by luck here; with the drive fast in two passes of three
+    # the unpaired ratio reads 0.9 / 2 = 0.45 where the paired one still reads 0.9.
+    drives, workers = [drive(2.0), drive(2.0), drive(1.0)], [drive(1.8), drive(0.9), drive(0.9)]
+    merged_drive, merged_worker = passes(drives), passes(workers)
+    assert merged_worker.read_gbps / merged_drive.read_gbps == pytest.approx(0.45)
+    assert paired_median(drives, workers, "read", 0.0) == pytest.approx(0.9)
+    assert merged_drive.read == Rate(2.0, 1.0, 2.0)
+    assert paired_median(drives, [], "read", 0.0) is None

@@ -159,6 +159,7 @@ BAD_DISK_OPTS = {
     "chunk_tokens": ("100", "chunk_tokens 100 must be a positive multiple of the block size 128"),
     "io_threads": ("abc", "io_threads 'abc' must be a whole number of threads"),
     "io_slice_us": ("50", "io_slice_us 50 must be 0 (the kernel's default) or 100 to 100000"),
+    "idle_wait_ms": ("-1", "idle_wait_ms -1.0 must be 0 (never wait) to 1000"),
     "direct_io": ("maybe", "direct_io 'maybe' must be true or false"),
     "read_gbps": ("fast", "read_gbps 'fast' must be a number of GB/s"),
     "read_latency_ms": ("-5", "read_latency_ms -5.0 must not be negative"),
