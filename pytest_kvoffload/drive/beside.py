@@ -11,6 +11,10 @@ burst, and written over again (probe.probe_disk_bursts, one burst a way). Both f
 time summed over the same rounds, so they cover the same minutes of the drive; the per-round figures give
 the spread.
 
+The split after the rounds is paired the same way: passes of the drive alone and of the connector's code
+alone in the pattern run in turn, and the code's share is the median of their paired ratios (paired_median).
+pattern_lines prints both.
+
 One burst of all the round's chunks is the connector's pattern when a prompt's prefill is one step (its
 saves are one batch); where a prefill takes several steps the connector writes smaller batches, which a
 drive serves no faster, so the reference can only be the harder one to match.
@@ -18,14 +22,19 @@ drive serves no faster, so the reference can only be the harder one to match.
 
 from __future__ import annotations
 
+import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pytest_kvoffload.drive.probe import BurstResult, probe_disk_bursts
+from pytest_kvoffload.drive.probe import BurstResult, probe_disk_bursts, write_reference
 from pytest_kvoffload.drive.rate import Rate
 
 WAYS = ("write", "overwrite", "read")
+
+# Passes of the drive alone and of the connector's code alone in the pattern after the rounds, interleaved (a
+# pair each; drive/disk_speed.py).
+PATTERN_PASSES = 3
 
 
 @dataclass
@@ -89,3 +98,76 @@ def chunks_of(length: int, block_size: int, chunk_tokens: int) -> int:
     blocks = length // block_size
     per_chunk = max(1, chunk_tokens // block_size)
     return -(-blocks // per_chunk)
+
+
+def passes(results: list):
+    """Single-pass burst results as one: each rate the median, lowest and highest of the passes."""
+    return replace(results[0], **{way: Rate.of(r.rate(way).median for r in results if r.rate(way))
+                                  for way in ("write", "overwrite", "read") if hasattr(results[0], way)})
+
+
+def paired_median(drives: list[BurstResult], workers: list, way: str, over_share: float) -> float | None:
+    """The median over interleaved passes of the connector's code alone over the drive alone in the pattern
+    (writes against the drive's figure for the connector's mix of new and recycled files)."""
+    ratios = []
+    for drive, worker in zip(drives, workers):
+        reference = write_reference(drive, over_share) if way == "write" else drive.read_gbps
+        ours = worker.rate(way).median
+        if reference and ours:
+            ratios.append(ours / reference)
+    return statistics.median(ratios) if ratios else None
+
+
+def pattern_lines(figures: dict, beside: DriveBeside, code_share: dict, drive_bursts, worker_bursts, over_share: float,
+                  reference: dict, delivered: dict, gap_s: float | None) -> str:
+    """The targets' ratio against the drive in the connector's pattern beside the rounds, then the gap split
+    in three: the pattern on the drive, the connector's code, the engine."""
+    breakdown = ""
+    if beside.rounds and delivered["read"]:
+        # The targets' reference: the drive in the connector's own pattern right after each round (raw
+        # requests, drive/beside.py), summed over the rounds as the connector's counters are.
+        figures["drive_in_pattern_beside_rounds"] = beside.to_dict()
+        ours = {"write": beside.write_reference(over_share), "read": beside.gbps("read")}
+        ratios = []
+        for way in ("write", "read"):
+            if ours[way] and delivered[way]:
+                figures[f"{way}_drive_in_pattern_gbps"] = ours[way]
+                figures[f"{way}_vs_drive_in_pattern"] = delivered[way] / ours[way]
+                ratios.append(f"{way.upper()} {figures[f'{way}_vs_drive_in_pattern']:.2f} "
+                              f"({delivered[way] * 1e3:,.0f} against {ours[way] * 1e3:,.0f} MB/s)")
+        breakdown += (f"\nthe drive alone in the connector's pattern right after each round (raw requests, no "
+                      f"store code): {beside.describe()}\n"
+                      f"connector / the drive in the connector's own pattern: {', '.join(ratios)}")
+    if drive_bursts:
+        # After the rounds, the same pattern with the rounds' gaps: against the continuous probe, what the
+        # pattern itself costs here.
+        pattern = {"write": write_reference(drive_bursts, over_share), "read": drive_bursts.read_gbps}
+        costs = []
+        for way in ("write", "read"):
+            if not pattern[way]:
+                continue
+            figures[f"{way}_drive_in_bursts_gbps"] = pattern[way]
+            figures[f"{way}_drive_in_bursts_vs_probe"] = pattern[way] / reference[way] if reference[way] else None
+            costs.append(f"{way} {pattern[way]:.2f} GB/s = {figures[f'{way}_drive_in_bursts_vs_probe'] or 0:.2f}")
+        figures["save_gap_s"] = gap_s
+        breakdown += (f"\nafter the rounds, the drive alone in that pattern with the rounds' gaps (a step's saves "
+                      f"came {gap_s * 1e3:.0f} ms apart): {drive_bursts.describe()}; for the connector's mix "
+                      f"{', '.join(costs)} of the continuous probe (what the pattern costs on this drive)")
+        if worker_bursts:
+            # The rest split in two: the connector's code alone against the drive in the pattern (pass by pass),
+            # and the connector in the server against its code alone (the engine beside it).
+            code, engine = [], []
+            for way in ("write", "read"):
+                alone_gbps = getattr(worker_bursts, f"{way}_gbps")
+                share = code_share.get(way)
+                if not (alone_gbps and share):
+                    continue
+                figures[f"{way}_worker_alone_vs_drive_in_bursts"] = share
+                figures[f"{way}_vs_worker_alone"] = delivered[way] / alone_gbps
+                code.append(f"{way} {share:.2f}")
+                engine.append(f"{way} {figures[f'{way}_vs_worker_alone']:.2f}")
+            breakdown += (f"\nthe connector's save and load paths alone in that pattern, no engine, a pass of each "
+                          f"in turn: {worker_bursts.describe()}: {', '.join(code)} of the drive in it (the median "
+                          f"of {PATTERN_PASSES} paired passes: what the code costs); the connector in the server "
+                          f"{', '.join(engine)} of them (what the engine beside it costs)")
+    return breakdown

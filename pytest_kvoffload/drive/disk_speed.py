@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tabulate import tabulate
@@ -45,11 +45,11 @@ from pytest_kvoffload.core.machine import has_cuda
 from pytest_kvoffload.core.models import DTYPE_BYTES
 from pytest_kvoffload.core.progress import Say, Tracker
 from pytest_kvoffload.core.settings import Settings
-from pytest_kvoffload.drive.beside import DriveBeside, chunks_of
+from pytest_kvoffload.drive.beside import (PATTERN_PASSES, DriveBeside, chunks_of, paired_median, passes,
+                                           pattern_lines)
 from pytest_kvoffload.drive.cpu_use import describe, narrowest_affinity, sample, thread_times, usage
 from pytest_kvoffload.drive.engine_load import EngineLoad
-from pytest_kvoffload.drive.probe import BurstResult, probe_disk, probe_disk_bursts, probe_store, write_reference
-from pytest_kvoffload.drive.rate import Rate
+from pytest_kvoffload.drive.probe import probe_disk, probe_disk_bursts, probe_store, write_reference
 from pytest_kvoffload.drive.worker_probe import probe_worker_bursts
 from pytest_kvoffload.measure.prompts import expected_cached, make_prompt
 from pytest_kvoffload.serve.client import Endpoint, measure
@@ -63,29 +63,8 @@ TOTALS = ("bytes_read", "useful_bytes_read", "bytes_written", "useful_bytes_writ
 # 250 ms gave the same figures (docs/notes/2026-12-01-bursts.md).
 MAX_GAP_S = 0.1
 
-# Passes of the drive alone and of the connector's code alone in the pattern, interleaved (a pair each).
-PATTERN_PASSES = 3
-
 # What the store-alone-beside-the-engine pass checks did (not) move.
 QUIET = ("chunks_read", "chunks_written", "requests_opted_out")
-
-
-def passes(results: list):
-    """Single-pass burst results as one: each rate the median, lowest and highest of the passes."""
-    return replace(results[0], **{way: Rate.of(r.rate(way).median for r in results if r.rate(way))
-                                  for way in ("write", "overwrite", "read") if hasattr(results[0], way)})
-
-
-def paired_median(drives: list[BurstResult], workers: list, way: str, over_share: float) -> float | None:
-    """The median over interleaved passes of the connector's code alone over the drive alone in the pattern
-    (writes against the drive's figure for the connector's mix of new and recycled files)."""
-    ratios = []
-    for drive, worker in zip(drives, workers):
-        reference = write_reference(drive, over_share) if way == "write" else drive.read_gbps
-        ours = worker.rate(way).median
-        if reference and ours:
-            ratios.append(ours / reference)
-    return statistics.median(ratios) if ratios else None
 
 
 def totals(endpoint, names=TOTALS) -> dict:
@@ -386,62 +365,9 @@ class DiskSpeed:
         # A total, not a difference: I/O threads start with the server's first loads and saves.
         machine = (f"during the rounds {placement}{describe(cpu)}; I/O threads with a short slice (io_slice_us): "
                    f"{end['io_threads_short_slice']:.0f}\n" if cpu else "")
-        self.text = self.text_of(machine, breakdown + self.pattern_lines(figures, drive_bursts, worker_bursts, over_share,
-                                                                         reference, delivered, gap_s), table)
-
-    def pattern_lines(self, figures, drive_bursts, worker_bursts, over_share, reference, delivered, gap_s) -> str:
-        """The targets' ratio against the drive in the connector's pattern beside the rounds, then the gap split
-        in three: the pattern on the drive, the connector's code, the engine."""
-        breakdown = ""
-        beside = self.drive_beside
-        if beside.rounds and delivered["read"]:
-            # The targets' reference: the drive in the connector's own pattern right after each round (raw
-            # requests, drive/beside.py), summed over the rounds as the connector's counters are.
-            figures["drive_in_pattern_beside_rounds"] = beside.to_dict()
-            ours = {"write": beside.write_reference(over_share), "read": beside.gbps("read")}
-            ratios = []
-            for way in ("write", "read"):
-                if ours[way] and delivered[way]:
-                    figures[f"{way}_drive_in_pattern_gbps"] = ours[way]
-                    figures[f"{way}_vs_drive_in_pattern"] = delivered[way] / ours[way]
-                    ratios.append(f"{way.upper()} {figures[f'{way}_vs_drive_in_pattern']:.2f} "
-                                  f"({delivered[way] * 1e3:,.0f} against {ours[way] * 1e3:,.0f} MB/s)")
-            breakdown += (f"\nthe drive alone in the connector's pattern right after each round (raw requests, no "
-                          f"store code): {beside.describe()}\n"
-                          f"connector / the drive in the connector's own pattern: {', '.join(ratios)}")
-        if drive_bursts:
-            # After the rounds, the same pattern with the rounds' gaps: against the continuous probe, what the
-            # pattern itself costs here.
-            pattern = {"write": write_reference(drive_bursts, over_share), "read": drive_bursts.read_gbps}
-            costs = []
-            for way in ("write", "read"):
-                if not pattern[way]:
-                    continue
-                figures[f"{way}_drive_in_bursts_gbps"] = pattern[way]
-                figures[f"{way}_drive_in_bursts_vs_probe"] = pattern[way] / reference[way] if reference[way] else None
-                costs.append(f"{way} {pattern[way]:.2f} GB/s = {figures[f'{way}_drive_in_bursts_vs_probe'] or 0:.2f}")
-            figures["save_gap_s"] = gap_s
-            breakdown += (f"\nafter the rounds, the drive alone in that pattern with the rounds' gaps (a step's saves "
-                          f"came {gap_s * 1e3:.0f} ms apart): {drive_bursts.describe()}; for the connector's mix "
-                          f"{', '.join(costs)} of the continuous probe (what the pattern costs on this drive)")
-            if worker_bursts:
-                # The rest split in two: the connector's code alone against the drive in the pattern (pass by pass),
-                # and the connector in the server against its code alone (the engine beside it).
-                code, engine = [], []
-                for way in ("write", "read"):
-                    alone_gbps = getattr(worker_bursts, f"{way}_gbps")
-                    share = self.code_share.get(way)
-                    if not (alone_gbps and share):
-                        continue
-                    figures[f"{way}_worker_alone_vs_drive_in_bursts"] = share
-                    figures[f"{way}_vs_worker_alone"] = delivered[way] / alone_gbps
-                    code.append(f"{way} {share:.2f}")
-                    engine.append(f"{way} {figures[f'{way}_vs_worker_alone']:.2f}")
-                breakdown += (f"\nthe connector's save and load paths alone in that pattern, no engine, a pass of each "
-                              f"in turn: {worker_bursts.describe()}: {', '.join(code)} of the drive in it (the median "
-                              f"of {PATTERN_PASSES} paired passes: what the code costs); the connector in the server "
-                              f"{', '.join(engine)} of them (what the engine beside it costs)")
-        return breakdown
+        self.text = self.text_of(machine, breakdown + pattern_lines(
+            figures, self.drive_beside, self.code_share, drive_bursts, worker_bursts, over_share, reference, delivered,
+            gap_s), table)
 
     def text_of(self, machine: str, breakdown: str, table: str) -> str:
         store, before, after, alone, summary, kv_settings = (self.store, self.before, self.after, self.alone,

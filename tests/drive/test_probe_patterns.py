@@ -127,7 +127,7 @@ def test_the_drive_beside_the_rounds_sums_bytes_over_busy_time_and_leaves_nothin
 
 
 def test_the_codes_share_is_the_median_of_paired_passes_not_a_ratio_of_medians():
-    from pytest_kvoffload.drive.disk_speed import paired_median, passes
+    from pytest_kvoffload.drive.beside import paired_median, passes
     from pytest_kvoffload.drive.probe import BurstResult
     from pytest_kvoffload.drive.rate import Rate
 
