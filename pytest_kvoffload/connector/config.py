@@ -93,7 +93,7 @@ SWITCH_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False
 # Every kv_connector_extra_config key the connector reads.
 OPTIONS = frozenset({"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps",
                      "read_latency_ms", "calibration", "calibration_mismatch", "load_mode", "admission", "fault",
-                     "io_slice_us", "idle_wait_ms"})
+                     "io_slice_us", "idle_wait_ms", "load_threads"})
 
 # How long an idle step's worker waits for a load in flight (idle_wait_ms): the most a request arriving
 # meanwhile waits before the engine sees it. Shorter only costs one empty step a wait.
@@ -110,7 +110,10 @@ class ConnectorConfig:
     store_dir: Path
     capacity_bytes: int = 64 << 30
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS
-    io_threads: int = 2
+    io_threads: int = 2  # reads (writes) in flight at once
+    # Threads that load chunks: io_threads of them read at once, the rest check and scatter chunks already read,
+    # so the drive is not left a read short while a chunk's CPU work runs (worker.py). None: twice io_threads.
+    load_threads: int | None = None
     # The I/O threads' scheduler slice (io_threads.py): the kernel's shortest by default; 0 keeps its default.
     io_slice_us: int = MIN_SLICE_US
     # A step with nothing to compute and loads in flight waits up to this long for one to finish (worker.py,
@@ -133,7 +136,7 @@ class ConnectorConfig:
 
     @classmethod
     def from_extra(cls, extra: dict, block_size: int) -> "ConnectorConfig":
-        """Keys: store_dir, capacity_gb, chunk_tokens, io_threads, io_slice_us, idle_wait_ms, direct_io, read_gbps, calibration,
+        """Keys: store_dir, capacity_gb, chunk_tokens, io_threads, load_threads, io_slice_us, idle_wait_ms, direct_io, read_gbps, calibration,
         load_mode, admission."""
         known = OPTIONS
         unknown = set(extra) - known
@@ -155,6 +158,10 @@ class ConnectorConfig:
         threads = _number(extra, "io_threads", int, 2, "a whole number of threads")
         if threads < 1:
             raise ConnectorConfigError(f"kvoffload connector: io_threads {threads} must be at least 1")
+        load_threads = _number(extra, "load_threads", int, 2 * threads, "a whole number of threads")
+        if load_threads < threads:
+            raise ConnectorConfigError(f"kvoffload connector: load_threads {load_threads} must be at least io_threads "
+                                       f"({threads}): that many read at once")
         capacity = _number(extra, "capacity_gb", float, 64, "a number of GB")
         if capacity <= 0:
             raise ConnectorConfigError(f"kvoffload connector: capacity_gb {capacity} must be above 0")
@@ -193,6 +200,7 @@ class ConnectorConfig:
             capacity_bytes=int(capacity * 1e9),
             chunk_tokens=chunk,
             io_threads=threads,
+            load_threads=load_threads,
             io_slice_us=slice_us,
             idle_wait_s=idle_wait_ms / 1e3,
             direct_io=bool(direct),

@@ -51,6 +51,7 @@ COUNTERS = {
     "chunks_superseded": "chunk files removed once a newer file held all their blocks (a prompt's short last chunk)",
 }
 FLAGS = {"direct_io": "1 when the store uses O_DIRECT, 0 when buffered with cached pages dropped",
+         "blocks_one_copy": "1 when a run of blocks moves in one copy for all layers (the CPU build, layers in one allocation)",
          "online_read_gbps": "the admission rule's running estimate of delivered read bandwidth, GB/s",
          "chunks_old_format": "chunk files of an older format found in the store at start: not read (index.py)"}
 PREFIX = "kvoffload:"

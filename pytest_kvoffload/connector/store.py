@@ -25,6 +25,7 @@ import os
 import struct
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -292,10 +293,12 @@ class ChunkStore:
         log.warning("kvoffload: store folder %s vanished; recreated it empty", self.root)
 
     # -- reading ----------------------------------------------------------------------------------
-    def read(self, key: str, buffer: np.ndarray, blocks: int | None = None, used: int | None = None) -> bool:
+    def read(self, key: str, buffer: np.ndarray, blocks: int | None = None, used: int | None = None,
+             io_slot=None) -> bool:
         """Fill `buffer` (from new_buffer) with the chunk of `blocks` blocks (a whole chunk by default), of
         which the load uses `used` (all by default: the rest is read for the checksum, and counted as read
-        but not useful); False on any fault, which then counts as a miss."""
+        but not useful); False on any fault, which then counts as a miss. `io_slot` (a semaphore), where
+        given, is held for the drive's part alone: the caller's bound on reads in flight."""
         path = self.path(key)
         blocks = blocks or self.layout.blocks
         size = self.layout.file_bytes_for(blocks)
@@ -317,11 +320,14 @@ class ChunkStore:
                 return self._corrupt(key, f"{actual} bytes, expected {size}")
             got = 0
             view = memoryview(buffer[:size])
-            while got < size:
-                n = os.preadv(fd, [view[got:]], got)
-                if n <= 0:
-                    return self._corrupt(key, "short read")
-                got += n
+            with io_slot or nullcontext():
+                while got < size:
+                    n = os.preadv(fd, [view[got:]], got)
+                    if n <= 0:
+                        break
+                    got += n
+            if got < size:
+                return self._corrupt(key, "short read")
         except OSError as exc:
             self.counters.add("read_errors")
             self._once("read", f"cannot read {path}: {exc.strerror}")

@@ -51,10 +51,11 @@ DTYPES = {1: torch.uint8, 2: torch.bfloat16, 4: torch.float32}
 
 def cpu_cache(layers: int, blocks: int, block_size: int, kv_bytes_per_token: int, element_bytes: int) -> dict:
     """Per layer [blocks, K and V, block_size, the rest of a token's KV]: the CPU build's block-first layout,
-    a chunk file of the model's size."""
+    a chunk file of the model's size, every layer a view of one allocation, layer after layer, as vLLM's
+    allocate_kv_cache makes them (so the worker's one-copy path runs, as in a server)."""
     per_token = kv_bytes_per_token // layers // 2 // element_bytes
-    return {f"layer{i}": torch.randn(blocks, 2, block_size, per_token).to(DTYPES[element_bytes])
-            for i in range(layers)}
+    every = torch.randn(layers, blocks, 2, block_size, per_token).to(DTYPES[element_bytes])
+    return {f"layer{i}": every[i] for i in range(layers)}
 
 
 def wait_done(side: WorkerSide, req_id: str, loading: bool, deadline_s: float = 60.0) -> None:

@@ -14,7 +14,7 @@ from pytest_kvoffload.connector.metadata import ChunkBlocks, KVOffloadMetadata, 
 from pytest_kvoffload.connector.worker import WorkerSide
 
 # An emulated access latency: a load of one small chunk takes about this long.
-LATENCY_MS = 150.0
+LATENCY_MS = 300.0
 
 
 def side_with_a_chunk(tmp_path, **extra):
@@ -35,15 +35,15 @@ def start_load(side):
 
 def test_an_idle_step_waits_for_the_load_and_a_busy_one_returns_at_once(tmp_path):
     side = side_with_a_chunk(tmp_path, idle_wait_ms=1000)
-    start_load(side)
     began = time.perf_counter()
+    start_load(side)
+    busy = time.perf_counter()
     assert side.get_finished(set())[1] is None  # a step with work: no wait, nothing finished yet
-    assert time.perf_counter() - began < 0.05
+    assert time.perf_counter() - busy < 0.05
     _, received = side.get_finished(set(), idle=True)
-    waited = time.perf_counter() - began
-    # Seen as soon as it finished: the latency, not the option's full second.
-    assert received == {"r"} and LATENCY_MS / 1e3 * 0.8 < waited < 0.8
-    assert side.counters.drain()["idle_wait_seconds"] > LATENCY_MS / 1e3 * 0.5
+    # Seen as soon as it finished: after the drive's latency, long before the option's full second.
+    assert received == {"r"} and LATENCY_MS / 1e3 <= time.perf_counter() - began < 0.8
+    assert side.counters.drain()["idle_wait_seconds"] > 0
     side.shutdown()
 
 
@@ -52,10 +52,10 @@ def test_the_wait_is_bounded_by_the_option_and_off_at_zero(tmp_path, wait_ms):
     side = side_with_a_chunk(tmp_path, idle_wait_ms=wait_ms)
     start_load(side)
     began = time.perf_counter()
-    assert side.get_finished(set(), idle=True)[1] is None  # the load takes 150 ms: not done after the wait
+    assert side.get_finished(set(), idle=True)[1] is None  # the load takes 300 ms: not done after the wait
     waited = time.perf_counter() - began
     # The control: a wait that ignored the option (or one that never waited) fails one of the two cases.
-    assert (waited < 0.01) if wait_ms == 0 else (wait_ms / 1e3 * 0.8 < waited < 0.1)
+    assert (waited < 0.01) if wait_ms == 0 else (wait_ms / 1e3 * 0.8 < waited < 0.2)
     side.shutdown()
 
 

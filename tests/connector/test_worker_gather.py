@@ -11,6 +11,7 @@ from test_index import finish, worker  # the worker over a small CPU cache, and 
 from pytest_kvoffload.connector import worker as worker_module
 from pytest_kvoffload.connector.metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
 from pytest_kvoffload.connector.buffers import GatheredBuffers
+from pytest_kvoffload.connector.blocks import block_runs
 BLOCKS = 12
 
 
@@ -61,11 +62,11 @@ def test_buffers_are_bounded_and_reused():
 
 
 def test_block_runs_split_where_either_side_jumps():
-    assert worker_module.block_runs([0, 1, 2, 3], [5, 6, 7, 8]) == [(0, 5, 4)]
-    assert worker_module.block_runs([0, 1, 2, 3], [5, 6, 9, 10]) == [(0, 5, 2), (2, 9, 2)]
-    assert worker_module.block_runs([1, 3], [4, 5]) == [(1, 4, 1), (3, 5, 1)]
-    assert worker_module.block_runs([2, 3], [7, 6]) == [(2, 7, 1), (3, 6, 1)]
-    assert worker_module.block_runs([], []) == []
+    assert block_runs([0, 1, 2, 3], [5, 6, 7, 8]) == [(0, 5, 4)]
+    assert block_runs([0, 1, 2, 3], [5, 6, 9, 10]) == [(0, 5, 2), (2, 9, 2)]
+    assert block_runs([1, 3], [4, 5]) == [(1, 4, 1), (3, 5, 1)]
+    assert block_runs([2, 3], [7, 6]) == [(2, 7, 1), (3, 6, 1)]
+    assert block_runs([], []) == []
 
 
 def test_blocks_round_trip_through_scattered_block_ids(tmp_path):
@@ -86,4 +87,48 @@ def test_blocks_round_trip_through_scattered_block_ids(tmp_path):
     # The second block of the chunk alone, into block 6: the load's index starts inside the chunk.
     side.start_load_kv(KVOffloadMetadata(loads=[LoadJob("q", [ChunkBlocks(key, [(1, 6)])], sync=True)]))
     assert all(torch.equal(layer[6], b[3]) for layer, b in zip(side.layers, before))
+    side.shutdown()
+
+
+def one_allocation(layers, blocks, shape, interleaved=False):
+    """Per-layer views of one buffer, as vLLM's allocate_kv_cache makes them: layer after layer, or (interleaved)
+    each block holding every layer's."""
+    per = 1
+    for n in shape:
+        per *= n
+    buffer = torch.randn(layers * blocks * per)
+    if interleaved:
+        return [buffer.as_strided((blocks, *shape), (layers * per, *torch.empty(shape).stride()), i * per)
+                for i in range(layers)]
+    return [buffer[i * blocks * per:(i + 1) * blocks * per].view(blocks, *shape) for i in range(layers)]
+
+
+def test_layers_of_one_allocation_move_in_one_copy_and_round_trip(tmp_path):
+    from pytest_kvoffload.connector.blocks import stacked_layers
+
+    for interleaved in (False, True):
+        layers = one_allocation(3, 6, (2, 4, 5), interleaved)
+        stacked = stacked_layers(layers)
+        assert stacked is not None and all(torch.equal(stacked[i], t) for i, t in enumerate(layers))
+        stacked[1, 2].fill_(9.0)  # the same memory, not a copy
+        assert torch.equal(layers[1][2], torch.full((2, 4, 5), 9.0))
+    # Separate allocations, or a gap that differs between layers: no single view (each layer is copied alone).
+    assert stacked_layers([torch.zeros(6, 2, 4, 5) for _ in range(3)]) is None
+    buffer = torch.zeros(4 * 6 * 40)
+    uneven = [buffer[o:o + 240].view(6, 2, 4, 5) for o in (0, 240, 720)]
+    assert stacked_layers(uneven) is None
+
+    # A worker over such a cache: a save and a load through the one-copy path give back every layer's blocks.
+    side = worker(tmp_path, BLOCKS)
+    side.layers[:] = one_allocation(2, BLOCKS, tuple(side.layers[0].shape[1:]))
+    side.stacked = stacked_layers(side.layers)
+    assert side.stacked is not None
+    separate = worker(tmp_path / "separate", BLOCKS)  # the helper's layers are allocations of their own
+    assert separate.stacked is None and separate.counters.drain()["blocks_one_copy"] == 0.0
+    separate.shutdown()
+    before = [layer.clone() for layer in side.layers]
+    side.wait_for_save(KVOffloadMetadata(saves=[SaveJob("p", f"{5:032x}", [3, 7], 0, 0)]))
+    finish(side, "p")
+    got = loaded_back(side, f"{5:032x}", [10, 11])
+    assert all(torch.equal(g, b[[3, 7]]) for g, b in zip(got, before))
     side.shutdown()
