@@ -72,4 +72,14 @@ def request_slice(us: int) -> bool:
     return current_slice_ns() == us * 1000
 
 
-__all__ = ["MIN_SLICE_US", "MAX_SLICE_US", "current_slice_ns", "name_thread", "request_slice"]
+def on_every_cpu() -> bool:
+    """The calling thread alone (its own id) off its inherited binding, onto every CPU the system lets it use;
+    False where the system refuses."""
+    try:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    except OSError:
+        return False
+    return True
+
+
+__all__ = ["MIN_SLICE_US", "MAX_SLICE_US", "current_slice_ns", "name_thread", "on_every_cpu", "request_slice"]

@@ -28,7 +28,7 @@ from pytest_kvoffload.connector.buffers import BusyTime, GatheredBuffers, pinned
 from pytest_kvoffload.connector.config import ConnectorConfig
 from pytest_kvoffload.connector.metadata import KVOffloadMetadata, KVOffloadWorkerMeta, LoadJob, SaveJob
 from pytest_kvoffload.connector.counters import Counters
-from pytest_kvoffload.connector.io_threads import name_thread, request_slice
+from pytest_kvoffload.connector.io_threads import name_thread, on_every_cpu, request_slice
 from pytest_kvoffload.connector.store import HEADER_SIZE, ChunkStore, Layout
 
 log = logging.getLogger("pytest_kvoffload.connector")
@@ -260,10 +260,12 @@ class WorkerSide:
     # -- I/O threads ------------------------------------------------------------------------------------
     def _start_io_thread(self, name: str) -> None:
         """Each I/O thread, as it starts: its name where the kernel shows it (the suites find the threads by
-        it), and a short slice, so that it gets its core back as soon as its I/O is done."""
+        it), a short slice (its core back as soon as its I/O is done), and a load thread its CPUs."""
         name_thread(name)
         if self.config.io_slice_us and request_slice(self.config.io_slice_us):
             self.counters.add("io_threads_short_slice")
+        if name == LOAD_THREADS and self.config.load_cpus == "all" and on_every_cpu():
+            self.counters.add("load_threads_on_all_cpus")
 
     def _views(self, buffer: np.ndarray, blocks: int) -> torch.Tensor:
         """The payload of a chunk buffer holding `blocks` blocks as [layers, blocks, *block_shape] in the

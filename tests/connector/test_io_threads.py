@@ -71,3 +71,24 @@ def test_the_connector_io_threads_carry_names_the_kernel_shows(tmp_path):
 def test_a_slice_outside_the_kernel_range_is_a_one_line_error(value, tmp_path):
     with pytest.raises(ConnectorConfigError, match="io_slice_us"):
         ConnectorConfig.from_extra({"store_dir": str(tmp_path), "io_slice_us": value}, 16)
+
+
+def test_load_threads_move_onto_every_cpu_only_when_asked(tmp_path):
+    import os
+
+    first = min(os.sched_getaffinity(0))
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {first})  # as vLLM binds its worker: threads started later inherit it
+    try:
+        for choice, want in (("worker", {first}), ("all", set(range(os.cpu_count())) & saved | {first})):
+            config = ConnectorConfig.from_extra({"store_dir": str(tmp_path / choice), "load_cpus": choice}, 16)
+            side = WorkerSide(config, "model=test", tmp_path / choice, 16)
+            load = side.load_pool.submit(lambda: os.sched_getaffinity(0)).result()
+            save = side.save_pool.submit(lambda: os.sched_getaffinity(0)).result()
+            # The control: the save threads keep the worker's binding either way.
+            assert load == want and save == {first}, choice
+            assert side.counters.drain().get("load_threads_on_all_cpus", 0) == (choice == "all")
+            side.load_pool.shutdown()
+            side.save_pool.shutdown()
+    finally:
+        os.sched_setaffinity(0, saved)
