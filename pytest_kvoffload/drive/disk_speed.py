@@ -192,8 +192,9 @@ class DiskSpeed:
         rounds_s, lengths = self.rounds_s, self.lengths
         # The connector's own pattern, no engine: a step's chunks written at once and a prompt's read at once,
         # then the drive idle until the next (as many chunks and as far apart as in the rounds, on average). First
-        # the drive alone in it (raw requests, none of our code): the reference the targets are held to, and,
-        # against the continuous probe, what the pattern itself costs on this drive. Gaps are cut to MAX_GAP_S to
+        # the drive alone in it (raw requests, none of our code): against the continuous probe, what the pattern
+        # itself costs on this drive (the targets' reference is the drive beside the rounds, drive/beside.py), and
+        # the partner of the code-alone passes. Gaps are cut to MAX_GAP_S to
         # bound the suite's time: a shorter gap can only make the drive look better than the connector, never
         # worse (on the 2-core VM 50, 100 and 250 ms gaps gave the same, within noise).
         batches = end["save_batches"] - start["save_batches"]
