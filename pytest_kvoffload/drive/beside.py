@@ -70,13 +70,13 @@ class DriveBeside:
     def spread(self, way: str) -> Rate:
         return Rate.of(r.rate(way).median for r in self.rounds if r.rate(way))
 
+    write_gbps = property(lambda self: self.gbps("write"))
+    overwrite_gbps = property(lambda self: self.gbps("overwrite"))
+
     def write_reference(self, over_share: float) -> float:
-        """The drive's write bandwidth for the connector's mix: `over_share` of the bytes written over old
-        blocks, the rest into new ones (probe.write_reference's harmonic mix, of the summed figures)."""
-        fresh, over = self.gbps("write"), self.gbps("overwrite")
-        if not over or over_share <= 0:
-            return fresh
-        return 1.0 / (over_share / over + (1.0 - over_share) / fresh) if fresh else 0.0
+        """The drive's write bandwidth for the connector's mix of new and recycled files (probe.write_reference
+        over the summed figures)."""
+        return write_reference(self, over_share)
 
     def to_dict(self) -> dict:
         out = {"rounds": len(self.rounds), "request_bytes": self.request_bytes, "threads": self.threads}
