@@ -11,6 +11,10 @@ burst, and written over again (probe.probe_disk_bursts, one burst a way). Both f
 time summed over the same rounds, so they cover the same minutes of the drive; the per-round figures give
 the spread.
 
+Each round is also paired on its own: the connector's counters over the round (RoundMoved) against the bursts
+right after it, one ratio a round, whose median and spread say whether the summed figure's gap is the
+connector's (every round short of the drive) or one slow minute of the drive's (one round far off).
+
 The split after the rounds is paired the same way: passes of the drive alone and of the connector's code
 alone in the pattern run in turn, and the code's share is the median of their paired ratios (paired_median).
 pattern_lines prints both.
@@ -37,6 +41,27 @@ WAYS = ("write", "overwrite", "read")
 PATTERN_PASSES = 3
 
 
+@dataclass(frozen=True)
+class RoundMoved:
+    """What the connector's counters (their kvoffload:*_total deltas) moved in one round."""
+    read_bytes: float = 0.0
+    read_s: float = 0.0  # load_wall_seconds: each instant with a load in flight once
+    write_bytes: float = 0.0
+    write_s: float = 0.0  # save_wall_seconds, likewise
+    over_share: float = 0.0  # of the chunks written, those written over a recycled file
+
+    @classmethod
+    def between(cls, start: dict, end: dict) -> RoundMoved:
+        d = {k: end.get(k, 0.0) - start.get(k, 0.0) for k in end}
+        written = d.get("chunks_written", 0.0)
+        return cls(d.get("bytes_read", 0.0), d.get("load_wall_seconds", 0.0), d.get("bytes_written", 0.0),
+                   d.get("save_wall_seconds", 0.0), d.get("chunks_written_over_free", 0.0) / written if written else 0.0)
+
+    def gbps(self, way: str) -> float:
+        moved, busy = (self.read_bytes, self.read_s) if way == "read" else (self.write_bytes, self.write_s)
+        return moved / busy / 1e9 if busy > 0 and moved > 0 else 0.0
+
+
 @dataclass
 class DriveBeside:
     """Raw bursts after each connector round (after_round), summed as the connector's counters sum its I/O."""
@@ -44,17 +69,30 @@ class DriveBeside:
     request_bytes: int  # a chunk file's bytes
     threads: int  # the connector's io_threads
     rounds: list[BurstResult] = field(default_factory=list)
+    connector: list[RoundMoved] = field(default_factory=list)  # the connector's own figures, round by round
 
-    def after_round(self, chunks: int, idle_s: float) -> BurstResult:
+    def after_round(self, chunks: int, idle_s: float, moved: RoundMoved | None = None) -> BurstResult:
         """The round's `chunks` chunk files' worth of raw requests, written, read and written over, each way
-        one burst after `idle_s` of nothing (the drive's rest before the connector's saves)."""
+        one burst after `idle_s` of nothing (the drive's rest before the connector's saves); `moved`, what
+        the connector's counters moved in the round, for the pairs (round_ratios)."""
         chunks = max(1, chunks)
         time.sleep(idle_s)
         result = probe_disk_bursts(self.folder, self.request_bytes, chunks, idle_s,
                                    total_bytes=chunks * self.request_bytes, repeats=1, threads=self.threads,
                                    read_burst=chunks)
         self.rounds.append(result)
+        self.connector.append(moved or RoundMoved())
         return result
+
+    def round_ratios(self, way: str) -> list[float]:
+        """The connector over the drive right after it, one ratio a round where both moved bytes (writes
+        against the drive's figure for that round's mix of new and recycled files)."""
+        ratios = []
+        for drive, ours in zip(self.rounds, self.connector):
+            reference = write_reference(drive, ours.over_share) if way == "write" else drive.read_gbps
+            if reference and ours.gbps(way):
+                ratios.append(ours.gbps(way) / reference)
+        return ratios
 
     def gbps(self, way: str) -> float:
         """Bytes over busy seconds over every round (0 where none was measured)."""
@@ -83,7 +121,22 @@ class DriveBeside:
         for way in WAYS:
             spread = self.spread(way)
             out[f"{way}_gbps"], out[f"{way}_range"] = self.gbps(way), spread.range
+        for way in ("write", "read"):
+            each = self.round_ratios(way)
+            paired = Rate.of(each)
+            out[f"{way}_round_ratios"] = ({"median": paired.median, "low": paired.low, "high": paired.high,
+                                          "rounds": len(each), "each": each} if paired else None)
         return out
+
+    def describe_pairs(self) -> str:
+        """The per-round pairs, or "" where no round has both figures."""
+        parts = []
+        for way in ("write", "read"):
+            ratios = self.round_ratios(way)
+            if ratios:
+                paired = Rate.of(ratios)
+                parts.append(f"{way} {paired.median:.2f} ({paired.low:.2f} to {paired.high:.2f}, {len(ratios)} rounds)")
+        return ", ".join(parts)
 
     def describe(self) -> str:
         parts = [f"{'write over it' if way == 'overwrite' else way} {self.gbps(way):.2f} GB/s "
@@ -138,6 +191,12 @@ def pattern_lines(figures: dict, beside: DriveBeside, code_share: dict, drive_bu
         breakdown += (f"\nthe drive alone in the connector's pattern right after each round (raw requests, no "
                       f"store code): {beside.describe()}\n"
                       f"connector / the drive in the connector's own pattern: {', '.join(ratios)}")
+        pairs = beside.describe_pairs()
+        if pairs:
+            # Beside the summed ratio (the targets' figure), round by round: a median near it and a narrow
+            # spread say the gap is the connector's; a wide one, with the summed figure far from the median,
+            # that a few rounds of the drive's made it.
+            breakdown += f"; round by round, the median of the paired ratios: {pairs}"
     if drive_bursts:
         # After the rounds, the same pattern with the rounds' gaps: against the continuous probe, what the
         # pattern itself costs here.

@@ -45,8 +45,8 @@ from pytest_kvoffload.core.machine import has_cuda
 from pytest_kvoffload.core.models import DTYPE_BYTES
 from pytest_kvoffload.core.progress import Say, Tracker
 from pytest_kvoffload.core.settings import Settings
-from pytest_kvoffload.drive.beside import (PATTERN_PASSES, DriveBeside, chunks_of, paired_median, passes,
-                                           pattern_lines)
+from pytest_kvoffload.drive.beside import (PATTERN_PASSES, DriveBeside, RoundMoved, chunks_of, paired_median,
+                                           passes, pattern_lines)
 from pytest_kvoffload.drive.cpu_use import describe, narrowest_affinity, sample, thread_times, usage
 from pytest_kvoffload.drive.engine_load import EngineLoad
 from pytest_kvoffload.drive.probe import probe_disk, probe_disk_bursts, probe_store, write_reference
@@ -62,6 +62,10 @@ TOTALS = ("bytes_read", "useful_bytes_read", "bytes_written", "useful_bytes_writ
 # The longest idle gap between the bursts of the in-bursts controls (see there). On the 2-core VM 50, 100 and
 # 250 ms gave the same figures (docs/notes/2026-12-01-bursts.md).
 MAX_GAP_S = 0.1
+
+# A round's counters are read once they stop moving for this long (they reach /metrics with the engine's
+# steps, which the round's last request ended), within this bound; what arrives later counts in the next round.
+ROUND_QUIET_S, ROUND_SETTLE_S = 0.2, 3.0
 
 # What the store-alone-beside-the-engine pass checks did (not) move.
 QUIET = ("chunks_read", "chunks_written", "requests_opted_out")
@@ -131,6 +135,7 @@ class DiskSpeed:
         self.rows, self.ttft = [], {}
         self.drive_beside = DriveBeside(self.store, self.chunk_file, self.threads)
         self.rounds_started = time.monotonic()
+        last = self.start
         tracker = Tracker(self.progress, "disk speed on kvoffload-disk", len(self.lengths) * kv_settings.rounds,
                           "lengths x rounds", total_work=sum(self.lengths) * kv_settings.rounds)
         for length in self.lengths:
@@ -143,9 +148,12 @@ class DiskSpeed:
                 kv_server.reset_prefix_cache(external=False)
                 disk = measure(kv_server, tokens)
                 kv_server.reset_prefix_cache(external=False)
-                # The drive alone in the round's pattern at once (drive/beside.py): the targets' reference.
+                # The round's own counters (a fraction of a second: the drive rests through it anyway), then the
+                # drive alone in the round's pattern at once (drive/beside.py): the targets' reference.
+                now = settled_totals(kv_server, quiet_s=ROUND_QUIET_S, deadline_s=ROUND_SETTLE_S)
                 self.drive_beside.after_round(chunks_of(length, kv_settings.block_size, self.chunk_tokens),
-                                              cold.client_ttft_s)
+                                              cold.client_ttft_s, RoundMoved.between(last, now))
+                last = now
                 # Every whole block, the last one too: beside an engine hit that one comes from disk.
                 whole = expected_cached(length, length, kv_settings.block_size, last_block=True)
                 engine = expected_cached(length, length, kv_settings.block_size)

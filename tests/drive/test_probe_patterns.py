@@ -3,6 +3,7 @@ free files, the write reference for a mix."""
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -145,3 +146,42 @@ def test_the_codes_share_is_the_median_of_paired_passes_not_a_ratio_of_medians()
     assert paired_median(drives, workers, "read", 0.0) == pytest.approx(0.9)
     assert merged_drive.read == Rate(2.0, 1.0, 2.0)
     assert paired_median(drives, [], "read", 0.0) is None
+
+
+def test_each_round_is_paired_with_the_drive_right_after_it_with_its_own_mix_of_writes():
+    from pytest_kvoffload.drive.beside import DriveBeside, RoundMoved
+    from pytest_kvoffload.drive.probe import BurstResult
+    from pytest_kvoffload.drive.rate import Rate
+
+    def drive(gbps, over):
+        return BurstResult("x", 1 << 20, 4, 0.0, 2, Rate(gbps, gbps, gbps), Rate(over, over, over), 4,
+                           Rate(gbps, gbps, gbps))
+    # The counters' deltas over a round: 4 MB read in 4 ms (1 GB/s), 8 MB written in 4 ms (2 GB/s), 3 of
+    # 4 chunks over recycled files.
+    start = {"bytes_read": 10.0, "load_wall_seconds": 1.0, "bytes_written": 5.0, "save_wall_seconds": 1.0,
+             "chunks_written": 2.0, "chunks_written_over_free": 0.0}
+    end = {"bytes_read": 10.0 + 4e6, "load_wall_seconds": 1.004, "bytes_written": 5.0 + 8e6,
+           "save_wall_seconds": 1.004, "chunks_written": 6.0, "chunks_written_over_free": 3.0}
+    moved = RoundMoved.between(start, end)
+    assert moved.gbps("read") == pytest.approx(1.0) and moved.gbps("write") == pytest.approx(2.0)
+    assert moved.over_share == pytest.approx(0.75)
+    assert RoundMoved().gbps("read") == 0.0
+
+    beside = DriveBeside(Path("."), 1 << 20, threads=2)
+    # The drive was slow right after the first round and fast after the second; the connector kept 0.9 of it
+    # each time. Paired round by round the ratio is 0.9 in both; pairs off by one round (the near miss) would
+    # read 0.9 / 2 = 0.45 and 1.8 / 1 = 1.8.
+    beside.rounds = [drive(1.0, 1.0), drive(2.0, 4.0)]
+    beside.connector = [RoundMoved(0.9e6, 1e-3, 0.9e6, 1e-3, 0.0), RoundMoved(1.8e6, 1e-3, 2.4e6, 1e-3, 0.5)]
+    assert beside.round_ratios("read") == pytest.approx([0.9, 0.9])
+    # Writes against that round's own mix: half over recycled files at 4, half fresh at 2 GB/s is 8/3 GB/s;
+    # against the fresh write alone (the run's mix of the first round, 0) the near miss reads 1.2.
+    assert beside.round_ratios("write") == pytest.approx([0.9, 2.4 / (1.0 / (0.5 / 4.0 + 0.5 / 2.0))])
+    assert beside.to_dict()["read_round_ratios"] == {"median": pytest.approx(0.9), "low": pytest.approx(0.9),
+                                                     "high": pytest.approx(0.9), "rounds": 2,
+                                                     "each": pytest.approx([0.9, 0.9])}
+    assert "read 0.90 (0.90 to 0.90, 2 rounds)" in beside.describe_pairs()
+    # A round where the connector moved nothing (a miss) has no pair.
+    beside.rounds.append(drive(1.0, 1.0))
+    beside.connector.append(RoundMoved())
+    assert len(beside.round_ratios("read")) == 2
