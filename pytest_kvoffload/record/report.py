@@ -139,12 +139,13 @@ def side_by_side_lines(run: dict, ours: str = OURS) -> list[str]:
                 continue
             theirs = key[(other, length, fraction, state)]
             ratio = c["ttft"]["p50"] / theirs["ttft"]["p50"] if theirs["ttft"]["p50"] else math.nan
-            rows.append([other, length, f"{fraction:g}", _ms(c["ttft"]["p50"]), _ms(theirs["ttft"]["p50"]),
+            rows.append([other, length, f"{fraction:g}", _ms_rounds(c["ttft"]), _ms_rounds(theirs["ttft"]),
                          f"{ratio:.2f}x", f"{_tier_tokens(c):,.0f} vs {_tier_tokens(theirs):,.0f}",
                          rate(c), rate(theirs), _target(c, theirs, kv, drive)])
     if not rows:
         return []
-    return [f"{ours} against the other tiers, tier hits on the same cells (ratio = {ours} / other, p50; MB/s = "
+    return [f"{ours} against the other tiers, tier hits on the same cells (ms = p50 and the rounds' fastest to "
+            f"slowest; ratio = {ours} / other, p50; MB/s = "
             "tier bytes over the tier hit's TTFT"
             + (f"; this run's drive reads {drive * 1e3:,.0f} MB/s with O_DIRECT" if drive else "")
             + f"; target: at most {TARGET_RATIO:g}x another disk tier, and at most {TARGET_RATIO:g}x a DRAM tier "
@@ -152,6 +153,14 @@ def side_by_side_lines(run: dict, ours: str = OURS) -> list[str]:
             tabulate(rows, headers=["other", "length", "cached", f"{ours} ms", "other ms", "ratio",
                                     "tier tokens, ours vs theirs", f"{ours} MB/s", "other MB/s", "target"],
                      disable_numparse=True), ""]
+
+
+def _ms_rounds(ttft: dict) -> str:
+    """A cell's p50 in ms and, where the cell kept them, its fastest and slowest rounds: a miss by less than
+    the rounds' spread reads differently from one by more."""
+    if ttft.get("min") is None or ttft.get("max") is None:
+        return _ms(ttft["p50"])
+    return f"{_ms(ttft['p50'])} ({_ms(ttft['min'])} to {_ms(ttft['max'])})"
 
 
 # Our connector's target against another tier on the same cell (issue 29): a disk tier's p50 times this, a

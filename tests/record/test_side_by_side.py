@@ -37,3 +37,13 @@ def test_each_row_says_whether_ours_meets_its_target_and_a_near_miss_fails():
     assert "MISSED" in rows[("native-disk", "2048")] and "MISSED" in rows[("native-cpu", "2048")]
     near = {**run, "cells": [hit("kvoffload-disk", 4096, 1.0, 30.1, 4096), hit("native-disk", 4096, 1.0, 28.5, 4096)]}
     assert "MISSED (<= 30 ms)" in side_by_side_lines(near)[1]  # 1.056x: a near miss fails
+
+
+def test_each_cells_ms_carries_its_rounds_spread_where_the_cell_kept_it():
+    run = {"cells": [{**hit("kvoffload-disk", 2048, 1.0, 34, 2048),
+                      "ttft": {"p50": 0.034, "min": 0.0291, "max": 0.0412}},
+                     hit("native-disk", 2048, 1.0, 35, 2048)]}
+    row = side_by_side_lines(run)[1].splitlines()[2]
+    assert "34 (29 to 41)" in row  # ours: p50, fastest and slowest round
+    assert " 35 " in row and "35 (" not in row  # a cell without them: the p50 alone
+    assert "met (<= 37 ms)" in row  # the target still judges the p50
