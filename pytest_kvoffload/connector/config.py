@@ -90,13 +90,22 @@ def _switch(extra: dict, key: str, default: bool) -> bool:
 SWITCH_WORDS = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
 
-# Where the load threads run (load_cpus): "worker", the CPUs vLLM bound its worker to (inherited), or "all"
-# the machine's CPUs.
-LOAD_CPUS = ("worker", "all")
+# Where the load threads (load_cpus) and the save threads (save_cpus) run: "worker", the CPUs vLLM bound its
+# worker to (inherited), or "all" the machine's CPUs.
+THREAD_CPUS = ("worker", "all")
 
 
-def _threads(extra: dict) -> tuple[int, int, str]:
-    """io_threads, load_threads and load_cpus, checked; a ConnectorConfigError names the one that is off."""
+def _cpus(extra: dict, key: str) -> str:
+    value = str(extra.get(key, "worker"))
+    if value not in THREAD_CPUS:
+        raise ConnectorConfigError(f"kvoffload connector: {key} {value!r} must be 'worker' (the worker's CPUs) or "
+                                   f"'all' (every CPU)")
+    return value
+
+
+def _threads(extra: dict) -> tuple[int, int, str, str]:
+    """io_threads, load_threads, load_cpus and save_cpus, checked; a ConnectorConfigError names the one that is
+    off."""
     threads = _number(extra, "io_threads", int, 2, "a whole number of threads")
     if threads < 1:
         raise ConnectorConfigError(f"kvoffload connector: io_threads {threads} must be at least 1")
@@ -104,17 +113,13 @@ def _threads(extra: dict) -> tuple[int, int, str]:
     if load_threads < threads:
         raise ConnectorConfigError(f"kvoffload connector: load_threads {load_threads} must be at least io_threads "
                                    f"({threads}): that many read at once")
-    load_cpus = str(extra.get("load_cpus", "worker"))
-    if load_cpus not in LOAD_CPUS:
-        raise ConnectorConfigError(f"kvoffload connector: load_cpus {load_cpus!r} must be 'worker' (the worker's "
-                                   f"CPUs) or 'all' (every CPU)")
-    return threads, load_threads, load_cpus
+    return threads, load_threads, _cpus(extra, "load_cpus"), _cpus(extra, "save_cpus")
 
 
 # Every kv_connector_extra_config key the connector reads.
 OPTIONS = frozenset({"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps",
                      "read_latency_ms", "calibration", "calibration_mismatch", "load_mode", "admission", "fault",
-                     "io_slice_us", "idle_wait_ms", "load_threads", "load_cpus"})
+                     "io_slice_us", "idle_wait_ms", "load_threads", "load_cpus", "save_cpus"})
 
 # How long an idle step's worker waits for a load in flight (idle_wait_ms): the most a request arriving
 # meanwhile waits before the engine sees it. Shorter only costs one empty step a wait.
@@ -135,7 +140,8 @@ class ConnectorConfig:
     # Threads that load chunks: io_threads of them read at once, the rest check and scatter chunks already read,
     # so the drive is not left a read short while a chunk's CPU work runs (worker.py). None: twice io_threads.
     load_threads: int | None = None
-    load_cpus: str = "worker"  # LOAD_CPUS: the load threads' CPUs (worker.py, _start_io_thread)
+    load_cpus: str = "worker"  # THREAD_CPUS: the load threads' CPUs (worker.py, _start_io_thread)
+    save_cpus: str = "worker"  # THREAD_CPUS: the save threads' CPUs
     # The I/O threads' scheduler slice (io_threads.py): the kernel's shortest by default; 0 keeps its default.
     io_slice_us: int = MIN_SLICE_US
     # A step with nothing to compute and loads in flight waits up to this long for one to finish (worker.py,
@@ -177,7 +183,7 @@ class ConnectorConfig:
             raise ConnectorConfigError(
                 f"kvoffload connector: chunk_tokens {chunk} is {chunk // block_size} blocks of {block_size}; a chunk "
                 f"file's header keys at most {MAX_BLOCKS} blocks (chunk_tokens up to {MAX_BLOCKS * block_size})")
-        threads, load_threads, load_cpus = _threads(extra)
+        threads, load_threads, load_cpus, save_cpus = _threads(extra)
         capacity = _number(extra, "capacity_gb", float, 64, "a number of GB")
         if capacity <= 0:
             raise ConnectorConfigError(f"kvoffload connector: capacity_gb {capacity} must be above 0")
@@ -218,6 +224,7 @@ class ConnectorConfig:
             io_threads=threads,
             load_threads=load_threads,
             load_cpus=load_cpus,
+            save_cpus=save_cpus,
             io_slice_us=slice_us,
             idle_wait_s=idle_wait_ms / 1e3,
             direct_io=bool(direct),

@@ -51,11 +51,10 @@ class WorkerSide:
         self.layers: list[torch.Tensor] = []
         self.stacked: torch.Tensor | None = None  # every layer as one view, where they allow it (stacked_layers)
         self.store: ChunkStore | None = None
-        # Loads and saves get threads of their own: a request waits for its load, nobody waits for a save,
-        # so a load must never queue behind a burst of another request's saves.
-        # io_threads reads in flight, as the drive reference has them (drive/beside.py), by load_threads threads:
-        # while one checks a chunk and scatters it into the cache (0.4 ms of CPU a 1 MiB chunk alone, 0.6 to 0.7
-        # in the server, against 0.7 ms of the drive's time), another's read keeps the drive busy.
+        # Loads and saves get threads of their own: a load must never queue behind another request's saves. io_threads
+        # reads in flight, as the drive reference has them (drive/beside.py), by load_threads threads: while one checks
+        # a chunk and scatters it into the cache (0.4 ms of CPU a 1 MiB chunk alone, 0.6 to 0.7 in the server, against
+        # 0.7 ms of the drive's time), another's read keeps the drive busy.
         self._read_slots = threading.Semaphore(config.io_threads)
         self.load_pool = ThreadPoolExecutor(max_workers=config.load_threads or 2 * config.io_threads,
                                             thread_name_prefix=LOAD_THREADS,
@@ -260,12 +259,13 @@ class WorkerSide:
     # -- I/O threads ------------------------------------------------------------------------------------
     def _start_io_thread(self, name: str) -> None:
         """Each I/O thread, as it starts: its name where the kernel shows it (the suites find the threads by
-        it), a short slice (its core back as soon as its I/O is done), and a load thread its CPUs."""
+        it), a short slice (its core back as soon as its I/O is done), and its CPUs (load_cpus, save_cpus)."""
         name_thread(name)
         if self.config.io_slice_us and request_slice(self.config.io_slice_us):
             self.counters.add("io_threads_short_slice")
-        if name == LOAD_THREADS and self.config.load_cpus == "all" and on_every_cpu():
-            self.counters.add("load_threads_on_all_cpus")
+        way, cpus = ("load", self.config.load_cpus) if name == LOAD_THREADS else ("save", self.config.save_cpus)
+        if cpus == "all" and on_every_cpu():
+            self.counters.add(f"{way}_threads_on_all_cpus")
 
     def _views(self, buffer: np.ndarray, blocks: int) -> torch.Tensor:
         """The payload of a chunk buffer holding `blocks` blocks as [layers, blocks, *block_shape] in the

@@ -73,21 +73,26 @@ def test_a_slice_outside_the_kernel_range_is_a_one_line_error(value, tmp_path):
         ConnectorConfig.from_extra({"store_dir": str(tmp_path), "io_slice_us": value}, 16)
 
 
-def test_load_threads_move_onto_every_cpu_only_when_asked(tmp_path):
+@pytest.mark.parametrize("key", ["load_cpus", "save_cpus"])
+def test_io_threads_move_onto_every_cpu_only_when_asked_and_the_other_pool_stays(key, tmp_path):
     import os
 
     first = min(os.sched_getaffinity(0))
     saved = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {first})  # as vLLM binds its worker: threads started later inherit it
+    way, other = ("load", "save") if key == "load_cpus" else ("save", "load")
     try:
         for choice, want in (("worker", {first}), ("all", set(range(os.cpu_count())) & saved | {first})):
-            config = ConnectorConfig.from_extra({"store_dir": str(tmp_path / choice), "load_cpus": choice}, 16)
+            config = ConnectorConfig.from_extra({"store_dir": str(tmp_path / choice), key: choice}, 16)
             side = WorkerSide(config, "model=test", tmp_path / choice, 16)
-            load = side.load_pool.submit(lambda: os.sched_getaffinity(0)).result()
-            save = side.save_pool.submit(lambda: os.sched_getaffinity(0)).result()
-            # The control: the save threads keep the worker's binding either way.
-            assert load == want and save == {first}, choice
-            assert side.counters.drain().get("load_threads_on_all_cpus", 0) == (choice == "all")
+            pools = {"load": side.load_pool, "save": side.save_pool}
+            moved = pools[way].submit(lambda: os.sched_getaffinity(0)).result()
+            kept = pools[other].submit(lambda: os.sched_getaffinity(0)).result()
+            # The control: the other pool keeps the worker's binding either way.
+            assert moved == want and kept == {first}, choice
+            counted = side.counters.drain()
+            assert counted.get(f"{way}_threads_on_all_cpus", 0) == (choice == "all")
+            assert counted.get(f"{other}_threads_on_all_cpus", 0) == 0
             side.load_pool.shutdown()
             side.save_pool.shutdown()
     finally:

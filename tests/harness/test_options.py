@@ -161,6 +161,7 @@ BAD_DISK_OPTS = {
     "io_slice_us": ("50", "io_slice_us 50 must be 0 (the kernel's default) or 100 to 100000"),
     "idle_wait_ms": ("-1", "idle_wait_ms -1.0 must be 0 (never wait) to 1000"),
     "load_cpus": ("some", "load_cpus 'some' must be 'worker' (the worker's CPUs) or 'all' (every CPU)"),
+    "save_cpus": ("both", "save_cpus 'both' must be 'worker' (the worker's CPUs) or 'all' (every CPU)"),
     "load_threads": ("1", "load_threads 1 must be at least io_threads (2): that many read at once"),
     "direct_io": ("maybe", "direct_io 'maybe' must be true or false"),
     "read_gbps": ("fast", "read_gbps 'fast' must be a number of GB/s"),
