@@ -11,7 +11,7 @@ burst, and written over again (probe.probe_disk_bursts, one burst a way). Both f
 time summed over the same rounds, so they cover the same minutes of the drive; the per-round figures give
 the spread.
 
-Each round is also paired on its own: the connector's counters over the round (RoundMoved) against the bursts
+Each round is also paired on its own: the connector's counters over the round (CountersMoved) against the bursts
 right after it, one ratio a round, whose median and spread say whether the summed figure's gap is the
 connector's (every round short of the drive) or one slow minute of the drive's (one round far off).
 
@@ -42,8 +42,9 @@ PATTERN_PASSES = 3
 
 
 @dataclass(frozen=True)
-class RoundMoved:
-    """What the connector's counters (their kvoffload:*_total deltas) moved in one round."""
+class CountersMoved:
+    """What the connector's counters (their kvoffload:*_total deltas) moved between two readings: one round, or
+    the whole run (drive/disk_speed.py)."""
     read_bytes: float = 0.0
     read_s: float = 0.0  # load_wall_seconds: each instant with a load in flight once
     write_bytes: float = 0.0
@@ -51,7 +52,7 @@ class RoundMoved:
     over_share: float = 0.0  # of the chunks written, those written over a recycled file
 
     @classmethod
-    def between(cls, start: dict, end: dict) -> RoundMoved:
+    def between(cls, start: dict, end: dict) -> CountersMoved:
         d = {k: end.get(k, 0.0) - start.get(k, 0.0) for k in end}
         written = d.get("chunks_written", 0.0)
         return cls(d.get("bytes_read", 0.0), d.get("load_wall_seconds", 0.0), d.get("bytes_written", 0.0),
@@ -69,9 +70,9 @@ class DriveBeside:
     request_bytes: int  # a chunk file's bytes
     threads: int  # the connector's io_threads
     rounds: list[BurstResult] = field(default_factory=list)
-    connector: list[RoundMoved] = field(default_factory=list)  # the connector's own figures, round by round
+    connector: list[CountersMoved] = field(default_factory=list)  # the connector's own figures, round by round
 
-    def after_round(self, chunks: int, idle_s: float, moved: RoundMoved | None = None) -> BurstResult:
+    def after_round(self, chunks: int, idle_s: float, moved: CountersMoved | None = None) -> BurstResult:
         """The round's `chunks` chunk files' worth of raw requests, written, read and written over, each way
         one burst after `idle_s` of nothing (the drive's rest before the connector's saves); `moved`, what
         the connector's counters moved in the round, for the pairs (round_ratios)."""
@@ -81,7 +82,7 @@ class DriveBeside:
                                    total_bytes=chunks * self.request_bytes, repeats=1, threads=self.threads,
                                    read_burst=chunks)
         self.rounds.append(result)
-        self.connector.append(moved or RoundMoved())
+        self.connector.append(moved or CountersMoved())
         return result
 
     def round_ratios(self, way: str) -> list[float]:
@@ -129,14 +130,10 @@ class DriveBeside:
         return out
 
     def describe_pairs(self) -> str:
-        """The per-round pairs, or "" where no round has both figures."""
-        parts = []
-        for way in ("write", "read"):
-            ratios = self.round_ratios(way)
-            if ratios:
-                paired = Rate.of(ratios)
-                parts.append(f"{way} {paired.median:.2f} ({paired.low:.2f} to {paired.high:.2f}, {len(ratios)} rounds)")
-        return ", ".join(parts)
+        """The per-round pairs (to_dict's), or "" where no round has both figures."""
+        shown = self.to_dict()
+        return ", ".join(f"{way} {p['median']:.2f} ({p['low']:.2f} to {p['high']:.2f}, {p['rounds']} rounds)"
+                         for way in ("write", "read") if (p := shown[f"{way}_round_ratios"]))
 
     def describe(self) -> str:
         parts = [f"{'write over it' if way == 'overwrite' else way} {self.gbps(way):.2f} GB/s "

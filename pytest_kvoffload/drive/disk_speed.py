@@ -45,7 +45,7 @@ from pytest_kvoffload.core.machine import has_cuda
 from pytest_kvoffload.core.models import DTYPE_BYTES
 from pytest_kvoffload.core.progress import Say, Tracker
 from pytest_kvoffload.core.settings import Settings
-from pytest_kvoffload.drive.beside import (PATTERN_PASSES, DriveBeside, RoundMoved, chunks_of, paired_median,
+from pytest_kvoffload.drive.beside import (PATTERN_PASSES, DriveBeside, CountersMoved, chunks_of, paired_median,
                                            passes, pattern_lines)
 from pytest_kvoffload.drive.cpu_use import describe, narrowest_affinity, sample, thread_times, usage
 from pytest_kvoffload.drive.engine_load import EngineLoad
@@ -152,7 +152,7 @@ class DiskSpeed:
                 # drive alone in the round's pattern at once (drive/beside.py): the targets' reference.
                 now = settled_totals(kv_server, quiet_s=ROUND_QUIET_S, deadline_s=ROUND_SETTLE_S)
                 self.drive_beside.after_round(chunks_of(length, kv_settings.block_size, self.chunk_tokens),
-                                              cold.client_ttft_s, RoundMoved.between(last, now))
+                                              cold.client_ttft_s, CountersMoved.between(last, now))
                 last = now
                 # Every whole block, the last one too: beside an engine hit that one comes from disk.
                 whole = expected_cached(length, length, kv_settings.block_size, last_block=True)
@@ -184,8 +184,10 @@ class DiskSpeed:
         self.after = probe_disk(store, request_bytes=chunk_file, total_bytes=probe_bytes, threads=threads)
         # The store alone from here on writes as the connector did in the rounds: this share of its chunks over
         # free files (store.py recycles removed chunks' files), the rest into new ones.
-        self.written = written = end["chunks_written"] - self.start["chunks_written"]
-        self.over_share = over_share = (end["chunks_written_over_free"] - self.start["chunks_written_over_free"]) / written if written else 0.0
+        self.written = end["chunks_written"] - self.start["chunks_written"]
+        # The whole run's counters, read as each round's are (beside.CountersMoved).
+        self.moved = CountersMoved.between(self.start, end)
+        self.over_share = over_share = self.moved.over_share
         # After the rounds, whose reads the store's writes would otherwise cost what the host caches.
         self.alone = probe_store(store, chunk_file, total_bytes=probe_bytes, threads=threads, over_share=over_share)
         # As the connector's I/O threads run: on the worker's CPUs, with the connector's scheduler slice.
@@ -268,8 +270,7 @@ class DiskSpeed:
         cpu_start, cpu_end, ttft = self.cpu_start, self.cpu_end, self.ttft
         d = {k: end[k] - start[k] for k in TOTALS}
 
-        delivered = {"read": d["bytes_read"] / d["load_wall_seconds"] / 1e9 if d["load_wall_seconds"] else 0.0,
-                     "write": d["bytes_written"] / d["save_wall_seconds"] / 1e9 if d["save_wall_seconds"] else 0.0}
+        delivered = {way: self.moved.gbps(way) for way in ("read", "write")}
         figures = {
             "probe": before.to_dict(), "probe_after": after.to_dict(), "store_alone": alone.to_dict(),
             "store_alone_on_worker_cpus": alone_bound.to_dict() if alone_bound else None,

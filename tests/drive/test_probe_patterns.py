@@ -149,7 +149,7 @@ def test_the_codes_share_is_the_median_of_paired_passes_not_a_ratio_of_medians()
 
 
 def test_each_round_is_paired_with_the_drive_right_after_it_with_its_own_mix_of_writes():
-    from pytest_kvoffload.drive.beside import DriveBeside, RoundMoved
+    from pytest_kvoffload.drive.beside import DriveBeside, CountersMoved
     from pytest_kvoffload.drive.probe import BurstResult
     from pytest_kvoffload.drive.rate import Rate
 
@@ -162,17 +162,17 @@ def test_each_round_is_paired_with_the_drive_right_after_it_with_its_own_mix_of_
              "chunks_written": 2.0, "chunks_written_over_free": 0.0}
     end = {"bytes_read": 10.0 + 4e6, "load_wall_seconds": 1.004, "bytes_written": 5.0 + 8e6,
            "save_wall_seconds": 1.004, "chunks_written": 6.0, "chunks_written_over_free": 3.0}
-    moved = RoundMoved.between(start, end)
+    moved = CountersMoved.between(start, end)
     assert moved.gbps("read") == pytest.approx(1.0) and moved.gbps("write") == pytest.approx(2.0)
     assert moved.over_share == pytest.approx(0.75)
-    assert RoundMoved().gbps("read") == 0.0
+    assert CountersMoved().gbps("read") == 0.0
 
     beside = DriveBeside(Path("."), 1 << 20, threads=2)
     # The drive was slow right after the first round and fast after the second; the connector kept 0.9 of it
     # each time. Paired round by round the ratio is 0.9 in both; pairs off by one round (the near miss) would
     # read 0.9 / 2 = 0.45 and 1.8 / 1 = 1.8.
     beside.rounds = [drive(1.0, 1.0), drive(2.0, 4.0)]
-    beside.connector = [RoundMoved(0.9e6, 1e-3, 0.9e6, 1e-3, 0.0), RoundMoved(1.8e6, 1e-3, 2.4e6, 1e-3, 0.5)]
+    beside.connector = [CountersMoved(0.9e6, 1e-3, 0.9e6, 1e-3, 0.0), CountersMoved(1.8e6, 1e-3, 2.4e6, 1e-3, 0.5)]
     assert beside.round_ratios("read") == pytest.approx([0.9, 0.9])
     # Writes against that round's own mix: half over recycled files at 4, half fresh at 2 GB/s is 8/3 GB/s;
     # against the fresh write alone (the run's mix of the first round, 0) the near miss reads 1.2.
@@ -183,5 +183,5 @@ def test_each_round_is_paired_with_the_drive_right_after_it_with_its_own_mix_of_
     assert "read 0.90 (0.90 to 0.90, 2 rounds)" in beside.describe_pairs()
     # A round where the connector moved nothing (a miss) has no pair.
     beside.rounds.append(drive(1.0, 1.0))
-    beside.connector.append(RoundMoved())
+    beside.connector.append(CountersMoved())
     assert len(beside.round_ratios("read")) == 2
