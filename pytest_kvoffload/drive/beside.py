@@ -4,10 +4,14 @@ reference the disk-speed suite holds the connector's delivered bandwidth to.
 This VM's drive moves by a fifth within minutes (the connector's own load path alone read 1.28 GB/s, then
 1.08 GB/s ten minutes later with the same code: docs/notes/2026-12-02-paired.md). A reference taken before or
 after the rounds, however well it copies the pattern, then says as much about when it ran as about the
-connector. So each of the connector's rounds (its cold request's saves, its tier hit's load) is followed at
-once by raw requests of the same size in the same pattern, none of the store's code: the round's chunks
-handed to the connector's number of threads at once, written into a fresh file, read back once in one
-burst, and written over again (probe.probe_disk_bursts, one burst a way). Both figures are bytes over busy
+connector. So each of the connector's rounds (its cold request's saves, its engine hit's last block and its
+tier hit's load) is followed at once by raw requests of the same size in the same pattern, none of the
+store's code: the round's chunks handed to the connector's number of threads at once, written into a fresh
+file, read back in the round's own loads (the chunk file of the last block beside the engine hit, then the
+whole prompt's, the drive's rest before each), and written over again (probe.probe_disk_bursts). Until
+2026-12-02 the reads were one burst of the prompt's files: the engine hit's load, 12 of the 102 chunk files
+a disk-speed run reads and a millisecond and a half each after a rest, was in the connector's figure and
+missing from the drive's (docs/notes/2026-12-02-loads.md). Both figures are bytes over busy
 time summed over the same rounds, so they cover the same minutes of the drive; the per-round figures give
 the spread.
 
@@ -72,15 +76,17 @@ class DriveBeside:
     rounds: list[BurstResult] = field(default_factory=list)
     connector: list[CountersMoved] = field(default_factory=list)  # the connector's own figures, round by round
 
-    def after_round(self, chunks: int, idle_s: float, moved: CountersMoved | None = None) -> BurstResult:
+    def after_round(self, chunks: int, idle_s: float, moved: CountersMoved | None = None,
+                    loads: tuple[int, ...] = ()) -> BurstResult:
         """The round's `chunks` chunk files' worth of raw requests, written, read and written over, each way
-        one burst after `idle_s` of nothing (the drive's rest before the connector's saves); `moved`, what
-        the connector's counters moved in the round, for the pairs (round_ratios)."""
+        one burst after `idle_s` of nothing (the drive's rest before the connector's saves); the reads in
+        `loads` (chunk files a load, in the round's order) where given, else one load of them all; `moved`,
+        what the connector's counters moved in the round, for the pairs (round_ratios)."""
         chunks = max(1, chunks)
         time.sleep(idle_s)
         result = probe_disk_bursts(self.folder, self.request_bytes, chunks, idle_s,
                                    total_bytes=chunks * self.request_bytes, repeats=1, threads=self.threads,
-                                   read_burst=chunks)
+                                   read_burst=chunks, read_loads=loads)
         self.rounds.append(result)
         self.connector.append(moved or CountersMoved())
         return result
@@ -135,11 +141,34 @@ class DriveBeside:
         return ", ".join(f"{way} {p['median']:.2f} ({p['low']:.2f} to {p['high']:.2f}, {p['rounds']} rounds)"
                          for way in ("write", "read") if (p := shown[f"{way}_round_ratios"]))
 
+    def reads_said(self) -> str:
+        loads = [r.read_loads for r in self.rounds if len(r.read_loads) > 1]
+        if not loads:
+            return "at once"
+        return f"in the round's own loads ({' then '.join(map(str, loads[0]))} chunks in the first such round)"
+
     def describe(self) -> str:
         parts = [f"{'write over it' if way == 'overwrite' else way} {self.gbps(way):.2f} GB/s "
                  f"(rounds {self.spread(way).low:.2f} to {self.spread(way).high:.2f})" for way in WAYS]
-        return (f"{', '.join(parts)}; {len(self.rounds)} rounds, each round's chunks at once, "
+        return (f"{', '.join(parts)}; {len(self.rounds)} rounds, each round's chunks written at once and read "
+                f"{self.reads_said()}, "
                 f"{self.request_bytes / 2**20:.2f} MiB requests, {self.threads} thread(s)")
+
+
+def files_spanned(first_token: int, end_token: int, chunk_tokens: int) -> int:
+    """Chunk files a load of tokens [first_token, end_token) reads: each file it touches, whole (store.read
+    reads a file's blocks at once, the ones the engine has too)."""
+    if end_token <= first_token:
+        return 0
+    return -(-end_token // chunk_tokens) - first_token // chunk_tokens
+
+
+def round_loads(engine_hit: dict[str, int], tier_hit: dict[str, int], chunk_tokens: int) -> tuple[int, ...]:
+    """The chunk files of a round's loads in turn, from where its hits' tokens came (cached_by_source): the
+    files of the blocks read beside the engine hit (its last block), then the tier hit's."""
+    beside = engine_hit.get("device", 0)
+    return (files_spanned(beside, beside + engine_hit.get("disk", 0), chunk_tokens),
+            files_spanned(0, tier_hit.get("disk", 0), chunk_tokens))
 
 
 def chunks_of(length: int, block_size: int, chunk_tokens: int) -> int:

@@ -45,8 +45,8 @@ from pytest_kvoffload.core.machine import has_cuda
 from pytest_kvoffload.core.models import DTYPE_BYTES
 from pytest_kvoffload.core.progress import Say, Tracker
 from pytest_kvoffload.core.settings import Settings
-from pytest_kvoffload.drive.beside import (PATTERN_PASSES, DriveBeside, CountersMoved, chunks_of, paired_median,
-                                           passes, pattern_lines)
+from pytest_kvoffload.drive.beside import (PATTERN_PASSES, CountersMoved, DriveBeside, chunks_of, paired_median,
+                                           passes, pattern_lines, round_loads)
 from pytest_kvoffload.drive.cpu_use import describe, narrowest_affinity, sample, thread_times, usage
 from pytest_kvoffload.drive.engine_load import EngineLoad
 from pytest_kvoffload.drive.probe import probe_disk, probe_disk_bursts, probe_store, write_reference
@@ -149,10 +149,13 @@ class DiskSpeed:
                 disk = measure(kv_server, tokens)
                 kv_server.reset_prefix_cache(external=False)
                 # The round's own counters (a fraction of a second: the drive rests through it anyway), then the
-                # drive alone in the round's pattern at once (drive/beside.py): the targets' reference.
+                # drive alone in the round's pattern (drive/beside.py): the targets' reference. Its reads are the
+                # round's loads as the hits report them: the files beside the engine hit, then the tier hit's.
                 now = settled_totals(kv_server, quiet_s=ROUND_QUIET_S, deadline_s=ROUND_SETTLE_S)
                 self.drive_beside.after_round(chunks_of(length, kv_settings.block_size, self.chunk_tokens),
-                                              cold.client_ttft_s, CountersMoved.between(last, now))
+                                              cold.client_ttft_s, CountersMoved.between(last, now),
+                                              round_loads(device.cached_by_source, disk.cached_by_source,
+                                                          self.chunk_tokens))
                 last = now
                 # Every whole block, the last one too: beside an engine hit that one comes from disk.
                 whole = expected_cached(length, length, kv_settings.block_size, last_block=True)
@@ -213,7 +216,8 @@ class DiskSpeed:
         if batches and written:
             gap_s = max(0.0, (rounds_s - (end["save_wall_seconds"] - start["save_wall_seconds"])) / batches)
             burst = round(written / batches)
-            # A load reads a prompt's chunks at once: one load per disk hit of the rounds.
+            # A load reads a prompt's chunks at once: one load per disk hit of the rounds, the engine hits' one-file
+            # loads folded into them (the rounds' own loads are the reference beside them, drive/beside.py).
             read_burst = max(1, round((end["chunks_read"] - start["chunks_read"]) / (len(lengths) * kv_settings.rounds)))
             # Then the connector's own save and load paths in the same pattern (its options, its threads on the
             # worker's CPUs): against the drive in it, what its code costs; the rounds against it, the engine.

@@ -7,6 +7,7 @@ figure the connector's delivered bandwidth is compared against (connector / prob
 from __future__ import annotations
 
 import os
+import queue
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -229,87 +230,108 @@ class BurstResult(Rates):
     threads: int
     write: Rate
     # The same bursts written over the file just written (old blocks), and the fresh file read once in
-    # bursts of read_burst requests (a load's chunks); read figures 0 where read_burst is 0
+    # bursts of read_burst requests (a load's chunks), or in the loads read_loads lists; read figures 0 where
+    # neither is given
     overwrite: Rate = Rate()
     read_burst: int = 0
     read: Rate = Rate()
+    read_loads: tuple[int, ...] = ()
 
     def describe(self) -> str:
         over = f", over it {self.overwrite.describe()}" if self.overwrite else ""
-        read = f"; read {self.read.describe()} in bursts of {self.read_burst}" if self.read_burst else ""
+        read = ""
+        if self.read_loads:
+            read = f"; read {self.read.describe()} in loads of {' and '.join(map(str, self.read_loads))} chunks"
+        elif self.read_burst:
+            read = f"; read {self.read.describe()} in bursts of {self.read_burst}"
         return (f"write {self.write.describe()}{over} in "
                 f"bursts of {self.burst} chunks{read}, {self.gap_s * 1e3:.0f} ms apart, {self.threads} thread(s)")
 
 
-def timed_bursts(pool: ThreadPoolExecutor, write, items: list, burst: int, gap_s: float) -> float:
-    """Hand `items` to `pool` `burst` at a time with `gap_s` of nothing after each, as the connector's saves
-    arrive a step at a time; the busy seconds, timed as the connector times its saves: per burst from its
-    hand-over to the end of its last write (`write` returns time.perf_counter() at its end)."""
-    busy = 0.0
-    for first in range(0, len(items), burst):
+def in_bursts(items: list, burst: int) -> list[list]:
+    return [items[first:first + burst] for first in range(0, len(items), max(1, burst))]
+
+
+def timed_groups(pool: ThreadPoolExecutor, move, groups: list[list], gap_s: float) -> tuple[float, int]:
+    """Hand each group of items to `pool` at once with `gap_s` of nothing after each, as the connector's saves
+    arrive a step at a time and its loads a prompt at a time; (the busy seconds, the items moved), timed as
+    the connector times its I/O: per group from its hand-over to the end of its last request (`move` returns
+    time.perf_counter() at its end)."""
+    busy, moved = 0.0, 0
+    for group in groups:
         started = time.perf_counter()
-        ends = list(pool.map(write, items[first:first + burst]))
+        ends = list(pool.map(move, group))
         busy += max(ends) - started
+        moved += len(group)
         time.sleep(gap_s)
-    return busy
+    return busy, moved
 
 
 def probe_disk_bursts(folder: str | Path, request_bytes: int, burst: int, gap_s: float, total_bytes: int = 32 << 20,
-                      repeats: int = 3, threads: int = 1, read_burst: int = 0) -> BurstResult:
+                      repeats: int = 3, threads: int = 1, read_burst: int = 0,
+                      read_loads: tuple[int, ...] = ()) -> BurstResult:
     """The drive alone in the connector's save pattern, none of the store's code: raw requests of a chunk's
     size at consecutive offsets of one file, O_DIRECT where allowed, handed `burst` at a time to `threads`
-    threads with `gap_s` of nothing after each, timed as the connector times its saves (timed_bursts). Each pass writes a fresh file
-    so (new blocks: write_gbps), then, where `read_burst`, reads it once in bursts of that many requests (as
-    a load reads a prompt's chunks; read_gbps), then writes over it the same way (old blocks:
-    overwrite_gbps); write_reference mixes the two writes as it does the continuous probe's. Against the continuous probe (probe_disk) this is what
-    the pattern itself costs on the drive; against it the connector's figure is what its code and the
-    engine cost."""
-    import threading
-
+    threads with `gap_s` of nothing after each, timed as the connector times its saves (timed_groups). Each
+    pass writes a fresh file so (new blocks: write_gbps), then, where `read_burst`, reads it once in bursts of
+    that many requests (as a load reads a prompt's chunks; read_gbps), or, where `read_loads`, in those loads
+    in turn, each the file's last that many requests (a round's loads as the connector made them: the last
+    chunk beside an engine hit, then the whole prompt), then writes over it the same way (old blocks:
+    overwrite_gbps); write_reference mixes the two writes as it does the continuous probe's. Against the
+    continuous probe (probe_disk) this is what the pattern itself costs on the drive; against it the
+    connector's figure is what its code and the engine cost."""
     folder = Path(folder)
     if not folder.is_dir():
         raise NotADirectoryError(f"probe disk: {folder} is not a folder; pass the folder on the drive to measure")
     request_bytes = padded(request_bytes)
     burst = max(1, burst)
     offsets = [i * request_bytes for i in range(max(1, total_bytes // (burst * request_bytes)) * burst)]
+    read_loads = tuple(n for n in read_loads if n > 0)
+    reading = ([offsets[-min(n, len(offsets)):] for n in read_loads] if read_loads
+               else in_bursts(offsets, read_burst) if read_burst else [])
     direct = hasattr(os, "O_DIRECT")
-    local = threading.local()
+    # One buffer per thread, made and touched before any timing: the connector's threads reuse theirs.
+    buffers: queue.SimpleQueue = queue.SimpleQueue()
+    for _ in range(threads):
+        buffer = aligned_buffer(request_bytes)
+        buffer[:] = 0xA5
+        buffers.put(buffer)
     fresh: list[float] = []
     over: list[float] = []
     reads: list[float] = []
-    ways = [(os.O_CREAT | os.O_WRONLY | os.O_TRUNC, burst, fresh), (os.O_RDONLY, read_burst, reads),
-            (os.O_WRONLY, burst, over)]
+    ways = [(os.O_CREAT | os.O_WRONLY | os.O_TRUNC, in_bursts(offsets, burst), fresh), (os.O_RDONLY, reading, reads),
+            (os.O_WRONLY, in_bursts(offsets, burst), over)]
     for n in range(repeats):
         path = folder / f".kvoffload-burst-disk-{os.getpid()}-{n}"
         try:
-            for flags, size, out in ways:
-                if not size:
+            for flags, groups, out in ways:
+                if not groups:
                     continue
                 fd, direct = _open(path, flags, direct)
                 if flags == os.O_RDONLY and not direct:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
                 def move(offset: int) -> float:
-                    buffer = getattr(local, "buffer", None)
-                    if buffer is None:
-                        buffer = local.buffer = aligned_buffer(request_bytes)
-                        buffer[:] = 0xA5
-                    if flags == os.O_RDONLY:
-                        os.preadv(fd, [memoryview(buffer)], offset)
-                    else:
-                        os.pwrite(fd, memoryview(buffer), offset)
-                    return time.perf_counter()
+                    buffer = buffers.get()
+                    try:
+                        if flags == os.O_RDONLY:
+                            os.preadv(fd, [memoryview(buffer)], offset)
+                        else:
+                            os.pwrite(fd, memoryview(buffer), offset)
+                        return time.perf_counter()
+                    finally:
+                        buffers.put(buffer)
 
                 try:
                     with ThreadPoolExecutor(max_workers=threads) as pool:
-                        busy = timed_bursts(pool, move, offsets, size, gap_s)
+                        busy, moved = timed_groups(pool, move, groups, gap_s)
                 finally:
                     os.close(fd)
-                out.append(len(offsets) * request_bytes / busy / 1e9)
+                out.append(moved * request_bytes / busy / 1e9)
         finally:
             try:
                 path.unlink()
             except OSError:
                 pass
     return BurstResult(str(folder), request_bytes, burst, gap_s, threads, Rate.of(fresh), Rate.of(over), read_burst,
-                       Rate.of(reads))
+                       Rate.of(reads), read_loads)

@@ -185,3 +185,75 @@ def test_each_round_is_paired_with_the_drive_right_after_it_with_its_own_mix_of_
     beside.rounds.append(drive(1.0, 1.0))
     beside.connector.append(CountersMoved())
     assert len(beside.round_ratios("read")) == 2
+
+
+def test_groups_are_handed_over_at_once_and_timed_without_the_gaps():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pytest_kvoffload.drive.probe import in_bursts, timed_groups
+
+    handed = []
+
+    def move(item):
+        handed.append((item, time.perf_counter()))
+        time.sleep(0.02)
+        return time.perf_counter()
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        busy, moved = timed_groups(pool, move, [[1], [2, 3, 4]], gap_s=0.1)
+    elapsed = time.perf_counter() - started
+    assert moved == 4 and elapsed >= 0.2 + 0.04
+    # Each group at once: two 20 ms requests, however many in the group; the control, the gaps counted, is 0.24.
+    assert 0.04 <= busy < 0.1
+    assert [item for item, _ in handed] == [1, 2, 3, 4]
+    assert in_bursts([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
+
+
+def test_the_drive_reads_a_rounds_own_loads_and_counts_every_request_of_them(tmp_path, monkeypatch):
+    from pytest_kvoffload.drive import probe
+
+    request_bytes = 64 << 10
+    groups_of = {}
+    real = probe.timed_groups
+
+    def recorded(pool, move, groups, gap_s):
+        busy, moved = real(pool, move, groups, gap_s)
+        groups_of[len(groups_of)] = [list(g) for g in groups]
+        return 0.5, moved  # a fixed busy time: the figure is then what was counted over it
+
+    monkeypatch.setattr(probe, "timed_groups", recorded)
+    result = probe.probe_disk_bursts(tmp_path, request_bytes, 3, 0.0, total_bytes=3 * request_bytes, repeats=1,
+                                     threads=2, read_burst=3, read_loads=(1, 3))
+    write, read, over = groups_of[0], groups_of[1], groups_of[2]
+    offsets = [0, request_bytes, 2 * request_bytes]
+    assert write == over == [offsets]
+    # The last chunk's file beside the engine hit, then the whole prompt's: the near misses are the prompt's
+    # files at once (the reference before 2026-12-02) and the last load alone.
+    assert read == [[offsets[-1]], offsets]
+    assert result.read_gbps == pytest.approx(4 * request_bytes / 0.5 / 1e9)
+    assert result.write_gbps == pytest.approx(3 * request_bytes / 0.5 / 1e9)
+    assert "read" in result.describe() and "in loads of 1 and 3 chunks" in result.describe()
+    # Loads of nothing (a round whose engine hit read nothing from the drive) are left out.
+    assert probe.probe_disk_bursts(tmp_path, request_bytes, 3, 0.0, total_bytes=3 * request_bytes, repeats=1,
+                                   read_loads=(0, 3)).read_loads == (3,)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_rounds_loads_are_the_files_its_hits_read_from_the_drive(tmp_path):
+    from pytest_kvoffload.drive.beside import DriveBeside, files_spanned, round_loads
+
+    # 512 tokens, blocks of 128, files of 256: the engine hit's last block is in the second file, the tier
+    # hit reads both.
+    assert round_loads({"device": 384, "disk": 128}, {"disk": 512}, 256) == (1, 2)
+    # A last block that starts a file (640 tokens: blocks 0 to 4, the fifth alone in the third file).
+    assert round_loads({"device": 512, "disk": 128}, {"disk": 640}, 256) == (1, 3)
+    # Nothing from the drive beside the engine: no load.
+    assert round_loads({"device": 512}, {"disk": 512}, 256) == (0, 2)
+    assert files_spanned(200, 300, 256) == 2 and files_spanned(0, 0, 256) == 0 and files_spanned(0, 257, 256) == 2
+    # The drive beside the rounds replays them; without loads, one load of the round's files (the control).
+    beside = DriveBeside(tmp_path, 64 << 10, threads=2)
+    assert beside.after_round(2, 0.0, loads=(1, 2)).read_loads == (1, 2)
+    assert "in the round's own loads (1 then 2 chunks" in beside.describe()
+    assert beside.after_round(2, 0.0).read_loads == () and beside.rounds[-1].read_burst == 2
+    assert list(tmp_path.iterdir()) == []
