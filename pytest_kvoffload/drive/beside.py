@@ -23,9 +23,11 @@ The split after the rounds is paired the same way: passes of the drive alone and
 alone in the pattern run in turn, and the code's share is the median of their paired ratios (paired_median).
 pattern_lines prints both.
 
-One burst of all the round's chunks is the connector's pattern when a prompt's prefill is one step (its
-saves are one batch); where a prefill takes several steps the connector writes smaller batches, which a
-drive serves no faster, so the reference can only be the harder one to match.
+The writes are the round's save batches: one burst where a prompt's prefill is one step, as many equal ones
+as the connector wrote batches where it took several (the 4,096-token prompts of the disk-speed suite
+prefill in two steps on the CPU build). Until 2026-12-02 they were one burst of all the round's chunks, on
+the belief that a drive serves smaller bursts no faster; the reads' loads above showed this drive serves
+a burst after a rest more slowly (paired, 0.88 of the one-burst figure).
 """
 
 from __future__ import annotations
@@ -54,13 +56,15 @@ class CountersMoved:
     write_bytes: float = 0.0
     write_s: float = 0.0  # save_wall_seconds, likewise
     over_share: float = 0.0  # of the chunks written, those written over a recycled file
+    save_batches: float = 0.0  # the steps whose saves were written: a prefill of several steps writes in as many
 
     @classmethod
     def between(cls, start: dict, end: dict) -> CountersMoved:
         d = {k: end.get(k, 0.0) - start.get(k, 0.0) for k in end}
         written = d.get("chunks_written", 0.0)
+        over_share = d.get("chunks_written_over_free", 0.0) / written if written else 0.0
         return cls(d.get("bytes_read", 0.0), d.get("load_wall_seconds", 0.0), d.get("bytes_written", 0.0),
-                   d.get("save_wall_seconds", 0.0), d.get("chunks_written_over_free", 0.0) / written if written else 0.0)
+                   d.get("save_wall_seconds", 0.0), over_share, d.get("save_batches", 0.0))
 
     def gbps(self, way: str) -> float:
         moved, busy = (self.read_bytes, self.read_s) if way == "read" else (self.write_bytes, self.write_s)
@@ -79,13 +83,17 @@ class DriveBeside:
     def after_round(self, chunks: int, idle_s: float, moved: CountersMoved | None = None,
                     loads: tuple[int, ...] = ()) -> BurstResult:
         """The round's `chunks` chunk files' worth of raw requests, written, read and written over, each way
-        one burst after `idle_s` of nothing (the drive's rest before the connector's saves); the reads in
-        `loads` (chunk files a load, in the round's order) where given, else one load of them all; `moved`,
-        what the connector's counters moved in the round, for the pairs (round_ratios)."""
+        written in as many bursts as the connector wrote batches in the round (`moved`: a prefill of two
+        steps saves in two), each after `idle_s` of nothing (the drive's rest before the connector's saves);
+        the reads in `loads` (chunk files a load, in the round's order) where given, else one load of them
+        all; `moved`, what the connector's counters moved in the round, also for the pairs (round_ratios)."""
         chunks = max(1, chunks)
+        batches = max(1, round(moved.save_batches)) if moved else 1
+        burst = -(-chunks // batches)  # whole bursts: where they do not divide the chunks, one more is written
         time.sleep(idle_s)
-        result = probe_disk_bursts(self.folder, self.request_bytes, chunks, idle_s,
-                                   total_bytes=chunks * self.request_bytes, repeats=1, threads=self.threads,
+        result = probe_disk_bursts(self.folder, self.request_bytes, burst, idle_s,
+                                   total_bytes=-(-chunks // burst) * burst * self.request_bytes, repeats=1,
+                                   threads=self.threads,
                                    read_burst=chunks, read_loads=loads)
         self.rounds.append(result)
         self.connector.append(moved or CountersMoved())
@@ -150,7 +158,8 @@ class DriveBeside:
     def describe(self) -> str:
         parts = [f"{'write over it' if way == 'overwrite' else way} {self.gbps(way):.2f} GB/s "
                  f"(rounds {self.spread(way).low:.2f} to {self.spread(way).high:.2f})" for way in WAYS]
-        return (f"{', '.join(parts)}; {len(self.rounds)} rounds, each round's chunks written at once and read "
+        return (f"{', '.join(parts)}; {len(self.rounds)} rounds, each round's chunks written in its save batches "
+                f"and read "
                 f"{self.reads_said()}, "
                 f"{self.request_bytes / 2**20:.2f} MiB requests, {self.threads} thread(s)")
 

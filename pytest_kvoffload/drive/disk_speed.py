@@ -19,8 +19,8 @@ and then over it, and the connector's chunks written over recycled files (store.
 second (twice the first on the 2-core VM). The scheduler's per-chunk times of the connector's I/O threads
 are printed beside those of the store alone.
 
-The connector's own pattern is bursts: a step's chunks written at once, a prompt's chunks read at once,
-then nothing. The drive alone in that pattern, measured right after each of the connector's rounds (raw
+The connector's own pattern is bursts: a step's chunks written at once, a load's chunks read at once (in a
+round, the file of a prompt's last block beside its engine hit, then the whole prompt's), then nothing. The drive alone in that pattern, measured right after each of the connector's rounds (raw
 requests, none of our code: drive/beside.py), is the reference the targets are held to: both figures cover
 the same minutes of a drive that moves by a fifth within minutes. After the rounds the gap splits in
 three: what the pattern costs on the drive (drive in bursts / continuous probe), what the connector's code

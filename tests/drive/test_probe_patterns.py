@@ -256,4 +256,10 @@ def test_a_rounds_loads_are_the_files_its_hits_read_from_the_drive(tmp_path):
     assert beside.after_round(2, 0.0, loads=(1, 2)).read_loads == (1, 2)
     assert "in the round's own loads (1 then 2 chunks" in beside.describe()
     assert beside.after_round(2, 0.0).read_loads == () and beside.rounds[-1].read_burst == 2
+    # Written as the connector wrote the round: a prefill of two steps saved its chunks in two batches.
+    from pytest_kvoffload.drive.beside import CountersMoved
+    assert beside.after_round(4, 0.0, CountersMoved(save_batches=2.0)).burst == 2
+    assert beside.after_round(5, 0.0, CountersMoved(save_batches=2.0)).burst == 3
+    assert beside.after_round(4, 0.0, CountersMoved()).burst == 4  # no saves counted: one burst
+    assert CountersMoved.between({"save_batches": 3.0}, {"save_batches": 5.0}).save_batches == 2.0
     assert list(tmp_path.iterdir()) == []
