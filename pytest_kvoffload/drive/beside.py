@@ -93,8 +93,7 @@ class DriveBeside:
         time.sleep(idle_s)
         result = probe_disk_bursts(self.folder, self.request_bytes, burst, idle_s,
                                    total_bytes=-(-chunks // burst) * burst * self.request_bytes, repeats=1,
-                                   threads=self.threads,
-                                   read_burst=chunks, read_loads=loads)
+                                   threads=self.threads, read_burst=chunks, read_loads=loads)
         self.rounds.append(result)
         self.connector.append(moved or CountersMoved())
         return result
@@ -150,6 +149,7 @@ class DriveBeside:
                          for way in ("write", "read") if (p := shown[f"{way}_round_ratios"]))
 
     def reads_said(self) -> str:
+        """How the rounds' reads were replayed, for describe."""
         loads = [r.read_loads for r in self.rounds if len(r.read_loads) > 1]
         if not loads:
             return "at once"
@@ -159,9 +159,8 @@ class DriveBeside:
         parts = [f"{'write over it' if way == 'overwrite' else way} {self.gbps(way):.2f} GB/s "
                  f"(rounds {self.spread(way).low:.2f} to {self.spread(way).high:.2f})" for way in WAYS]
         return (f"{', '.join(parts)}; {len(self.rounds)} rounds, each round's chunks written in its save batches "
-                f"and read "
-                f"{self.reads_said()}, "
-                f"{self.request_bytes / 2**20:.2f} MiB requests, {self.threads} thread(s)")
+                f"and read {self.reads_said()}, {self.request_bytes / 2**20:.2f} MiB requests, "
+                f"{self.threads} thread(s)")
 
 
 def files_spanned(first_token: int, end_token: int, chunk_tokens: int) -> int:

@@ -20,8 +20,9 @@ second (twice the first on the 2-core VM). The scheduler's per-chunk times of th
 are printed beside those of the store alone.
 
 The connector's own pattern is bursts: a step's chunks written at once, a load's chunks read at once (in a
-round, the file of a prompt's last block beside its engine hit, then the whole prompt's), then nothing. The drive alone in that pattern, measured right after each of the connector's rounds (raw
-requests, none of our code: drive/beside.py), is the reference the targets are held to: both figures cover
+round, the file of a prompt's last block beside its engine hit, then the whole prompt's), then nothing. The
+drive alone in that pattern, measured right after each of the connector's rounds (raw requests, none of our
+code: drive/beside.py), is the reference the targets are held to: both figures cover
 the same minutes of a drive that moves by a fifth within minutes. After the rounds the gap splits in
 three: what the pattern costs on the drive (drive in bursts / continuous probe), what the connector's code
 costs (its save and load paths alone in the pattern, no engine: drive/worker_probe.py, pass by pass
