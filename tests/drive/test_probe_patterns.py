@@ -248,6 +248,9 @@ def test_a_rounds_loads_are_the_files_its_hits_read_from_the_drive(tmp_path):
     assert round_loads({"device": 384, "disk": 128}, {"disk": 512}, 256) == (1, 2)
     # A last block that starts a file (640 tokens: blocks 0 to 4, the fifth alone in the third file).
     assert round_loads({"device": 512, "disk": 128}, {"disk": 640}, 256) == (1, 3)
+    # Two blocks beside the engine that straddle a file boundary read two files: counted from where the engine
+    # stops, not from the prompt's start (the near miss, one file).
+    assert round_loads({"device": 384, "disk": 256}, {"disk": 640}, 256) == (2, 3)
     # Nothing from the drive beside the engine: no load.
     assert round_loads({"device": 512}, {"disk": 512}, 256) == (0, 2)
     assert files_spanned(200, 300, 256) == 2 and files_spanned(0, 0, 256) == 0 and files_spanned(0, 257, 256) == 2
