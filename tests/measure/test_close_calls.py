@@ -1,0 +1,123 @@
+"""The side-by-side's close calls: which cells the grid's rounds cannot decide, and how interleaved rounds
+judge them (no server: compare_cell is replaced by the rounds it would have measured)."""
+
+from pytest_kvoffload.measure import ab, close_calls
+from pytest_kvoffload.measure.close_calls import CloseCall
+from pytest_kvoffload.record.report import CLOSE_CALLS, side_by_side_lines
+
+KV, DRIVE = 4096, 1.9  # bytes per token, GB/s
+
+
+def hit(backend, length, fraction, p50, low, high, tokens, source="disk"):
+    return {"backend": backend, "length": length, "fraction": fraction, "state": "tier-hit",
+            "ttft": {"p50": p50 / 1e3, "min": low / 1e3, "max": high / 1e3}, "sources": {source: tokens}}
+
+
+def keys(calls):
+    return {(c.other, c.length, c.fraction) for c in calls}
+
+
+CELLS = [
+    # b26's miss: ours 403 (397 to 406) against native-disk's 377 (368 to 379): bounds 386 to 398 ms.
+    hit("kvoffload-disk", 4096, 0.5, 403, 397, 406, 2048), hit("native-disk", 4096, 0.5, 377, 368, 379, 2048),
+    # Clear: ours 34 (34 to 35) against 45 (41 to 46): bounds from 43 ms.
+    hit("kvoffload-disk", 4096, 1.0, 34, 34, 35, 4096), hit("native-disk", 4096, 1.0, 45, 41, 46, 4096),
+    # Ours' rounds (41.5 to 42) lie above the bound of their p50 (40.95 ms); their slowest round's bound
+    # (41.58) reaches into them: a close call only when their rounds' range counts.
+    hit("kvoffload-disk", 512, 0.5, 41.8, 41.5, 42, 256), hit("native-disk", 512, 0.5, 39, 36, 39.6, 256),
+    # Against a DRAM tier: 2,048 tokens at 1.9 GB/s add 4.4 ms, bounds 24.6 to 26.7 ms against ours' 26 to 28;
+    # without that allowance (20 to 22 ms) it would be a clear miss.
+    hit("kvoffload-disk", 2048, 1.0, 27, 26, 28, 2048), hit("native-cpu", 2048, 1.0, 20, 19, 21, 2048, "host"),
+]
+
+
+def test_a_close_call_is_where_the_rounds_ranges_overlap_the_bounds_drawn_from_theirs():
+    calls = close_calls.close_calls(CELLS, "kvoffload-disk", ["native-disk", "native-cpu"], KV, DRIVE)
+    assert keys(calls) == {("native-disk", 4096, 0.5), ("native-disk", 512, 0.5), ("native-cpu", 2048, 1.0)}
+    dram = next(c for c in calls if c.other == "native-cpu")
+    assert abs(dram.allowance_s - 2048 * KV / 1.9e9) < 1e-9
+    assert all(c.allowance_s == 0 for c in calls if c.other == "native-disk")
+
+
+def test_the_nearest_the_bound_come_first_and_at_most_so_many():
+    calls = close_calls.close_calls(CELLS, "kvoffload-disk", ["native-disk", "native-cpu"], KV, DRIVE)
+    assert [c.margin for c in calls] == sorted(c.margin for c in calls)
+    # 512 x 0.5 sits 2.1% above its bound, 4,096 x 0.5 1.8%: the nearer first.
+    assert keys(close_calls.close_calls(CELLS, "kvoffload-disk", ["native-disk"], KV, DRIVE, most=1)) == \
+        {("native-disk", 4096, 0.5)}
+
+
+def test_a_tier_without_a_target_or_a_cell_ours_lacks_is_never_a_close_call():
+    cells = [hit("kvoffload-disk", 1024, 1.0, 30, 29, 31, 1024), hit("lmcache-disk", 1024, 1.0, 30, 29, 31, 1024, "lmcache"),
+             hit("native-disk", 2048, 1.0, 30, 29, 31, 2048)]
+    assert close_calls.close_calls(cells, "kvoffload-disk", ["lmcache-disk", "native-disk"], KV, DRIVE) == []
+
+
+class Rounds:
+    """compare_cell's stand-in: A (the other tier) and B (ours) as given, and what it was asked."""
+
+    def __init__(self, theirs_ms, ours_ms, failures=()):
+        self.theirs, self.ours, self.failures, self.asked = theirs_ms, ours_ms, list(failures), None
+
+    def __call__(self, recorder, servers, a, b, cell, rounds):
+        self.asked = (a, b, cell, rounds)
+        comparison = ab.CellComparison(cell)
+        comparison.a_s = [t / 1e3 for t in self.theirs]
+        comparison.b_s = [o / 1e3 for o in self.ours]
+        comparison.failures = self.failures
+        return comparison
+
+
+def settle(monkeypatch, rounds, allowance_ms=0.0):
+    monkeypatch.setattr(ab, "compare_cell", rounds)
+    call = CloseCall("native-disk", 4096, 0.5, allowance_ms / 1e3, 0.01)
+    return close_calls.settle(None, None, "OURS", "THEIRS", call)
+
+
+def test_each_round_is_judged_against_its_own_bound_and_a_near_miss_fails(monkeypatch):
+    # The other tier drifts from 370 to 420 ms; ours stays 4% above it in every round: met.
+    theirs = [370, 420, 380, 410, 390]
+    met = settle(monkeypatch, Rounds(theirs, [t * 1.04 for t in theirs]))
+    assert met["met"] and abs(met["median_of_bound"] - 1.04 / 1.05) < 1e-9
+    # 6% above in every round: a near miss, missed.
+    assert not settle(monkeypatch, Rounds(theirs, [t * 1.06 for t in theirs]))["met"]
+
+
+def test_the_verdict_is_the_median_of_per_round_ratios_not_a_ratio_of_medians(monkeypatch):
+    # The machine slowed by 40% from the third round on ours and from the fourth on theirs: per round ours is
+    # within 1.05x in four rounds of five (met), while ours' median (146) over theirs' (100) reads 1.39.
+    result = settle(monkeypatch, Rounds([100, 100, 100, 140, 140], [104, 104, 147, 145, 146]))
+    assert result["met"] and result["median_of_bound"] < 1
+
+
+def test_ours_is_b_and_the_other_tier_is_a(monkeypatch):
+    rounds = Rounds([400] * 5, [430] * 5)  # ours 7.5% slower: missed; swapped, it would read 0.89 and pass
+    result = settle(monkeypatch, rounds)
+    assert rounds.asked[0] == "THEIRS" and rounds.asked[1] == "OURS" and rounds.asked[3] == close_calls.ROUNDS
+    assert not result["met"] and result["theirs_s"] == [0.4] * 5
+
+
+def test_a_dram_tiers_rounds_get_the_prefixs_drive_time_before_the_ratio(monkeypatch):
+    # 27 ms against 20 + 4.4: 1.05 x 24.4 = 25.6 ms, missed; 25 ms is met. Without the allowance both miss.
+    assert not settle(monkeypatch, Rounds([20] * 5, [27] * 5), allowance_ms=4.4)["met"]
+    assert settle(monkeypatch, Rounds([20] * 5, [25] * 5), allowance_ms=4.4)["met"]
+
+
+def test_a_failed_output_check_in_the_rounds_is_never_met(monkeypatch):
+    assert not settle(monkeypatch, Rounds([400] * 5, [380] * 5, ["kvoffload-disk output differs"]))["met"]
+
+
+def test_the_report_judges_a_settled_close_call_by_its_rounds_and_still_counts_tokens():
+    run = {"options": {"model": {"kv_bytes_per_token": KV}}, "environment": {"drive": {"read_gbps": DRIVE}},
+           "cells": CELLS[:4] + [hit("kvoffload-disk", 2048, 0.5, 140, 139, 141, 896),
+                                 hit("native-disk", 2048, 0.5, 150, 149, 151, 1024)],
+           "benchmarks": {CLOSE_CALLS: {"cells": [
+               {"other": "native-disk", "length": 4096, "fraction": 0.5, "ratios": [0.97, 0.99, 1.0, 0.96, 0.98],
+                "median_of_bound": 0.98, "met": True},
+               {"other": "native-disk", "length": 2048, "fraction": 0.5, "ratios": [0.9] * 5,
+                "median_of_bound": 0.9, "met": True}]}}}
+    rows = {tuple(line.split()[:3]): line for line in side_by_side_lines(run)[1].splitlines()[2:]}
+    assert "met (paired 0.98 of the bound, 5 rounds; grid p50s missed)" in rows[("native-disk", "4096", "0.5")]
+    assert rows[("native-disk", "2048", "0.5")].rstrip().endswith("grid p50s met)")
+    assert "MISSED (paired 0.90" in rows[("native-disk", "2048", "0.5")]  # fewer cached tokens than theirs
+    assert "met (<= 47 ms)" in rows[("native-disk", "4096", "1")]  # not a close call: the grid's verdict
