@@ -78,7 +78,7 @@ class KVSession:
                                  before_tier_read=self.prepare_tier_read, lengths=lambda: self.lengths,
                                  cells=self.cells, environment=lambda: self.run_record().environment,
                                  run_dir=self.run_dir, add_benchmark=self.add_benchmark)
-        self.servers = Servers(endpoint=self.endpoint, release=self.pool.release, room=self.room)
+        self.servers = Servers(endpoint=self.endpoint, release=self.pool.release, room=self.room, running=self.pool.has)
         self._pool_size = self.pool.max_running
 
     def add_phase(self, name: str, seconds: float) -> None:

@@ -83,6 +83,17 @@ def settle(recorder: Recorder, servers: Servers, ours, other, call: CloseCall, r
             "met": bool(of_bound) and median <= 1.0 and not comparison.failures, "failures": comparison.failures}
 
 
+def grouped(calls: list[CloseCall], running=lambda name: False) -> list[CloseCall]:
+    """The calls one other tier at a time: a tier whose server is `running` first, then the others in the order
+    of their nearest call. Our server and one other are up at once on a CPU (ServerPool), and calls that
+    alternated between two tiers restarted a server at each switch (b29: 4 restarts, 30 to 36 s each, for 4
+    calls)."""
+    first = {}
+    for n, call in enumerate(calls):
+        first.setdefault(call.other, n)
+    return sorted(calls, key=lambda call: (not running(call.other), first[call.other]))
+
+
 def settle_all(recorder: Recorder, servers: Servers, backends: dict, ours: str) -> list[dict]:
     """Every close call of the run's grid so far between `ours` and the other user-facing tier backends
     (`backends`: name -> Backend, those this run measures), settled one after another."""
@@ -90,7 +101,7 @@ def settle_all(recorder: Recorder, servers: Servers, backends: dict, ours: str) 
     others = sorted({c["backend"] for c in cells if c["state"] == State.TIER_HIT.value and c["backend"] != ours
                      and c["backend"] in backends and backends[c["backend"]].user_facing})
     drive = (recorder.environment().get("drive") or {}).get("read_gbps")
-    calls = close_calls(cells, ours, others, recorder.settings.kv_bytes_per_token, drive)
+    calls = grouped(close_calls(cells, ours, others, recorder.settings.kv_bytes_per_token, drive), servers.running)
     settled = []
     for n, call in enumerate(calls, 1):
         recorder.progress(f"side by side: close call {n} of {len(calls)}, {ours} and {call.other} at "
@@ -110,4 +121,4 @@ def render(settled: list[dict], ours: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MOST", "ROUNDS", "CloseCall", "close_calls", "render", "settle", "settle_all"]
+__all__ = ["MOST", "ROUNDS", "CloseCall", "close_calls", "grouped", "render", "settle", "settle_all"]

@@ -47,8 +47,19 @@ def test_the_nearest_the_bound_come_first_and_at_most_so_many():
         {("native-disk", 4096, 0.5)}
 
 
+def test_calls_are_settled_one_other_tier_at_a_time_a_running_one_first():
+    calls = [CloseCall(other, 512, 0.5, 0.0, margin) for other, margin in
+             (("native-cpu", 0.01), ("native-disk", 0.02), ("native-cpu", 0.03), ("native-disk", 0.04))]
+    assert [(c.other, c.margin) for c in close_calls.grouped(calls)] == [
+        ("native-cpu", 0.01), ("native-cpu", 0.03), ("native-disk", 0.02), ("native-disk", 0.04)]
+    # A tier whose server is already up goes first, whatever its margins: no start-up to wait for.
+    assert [c.other for c in close_calls.grouped(calls, running=lambda name: name == "native-disk")] == [
+        "native-disk", "native-disk", "native-cpu", "native-cpu"]
+
+
 def test_a_tier_without_a_target_or_a_cell_ours_lacks_is_never_a_close_call():
-    cells = [hit("kvoffload-disk", 1024, 1.0, 30, 29, 31, 1024), hit("lmcache-disk", 1024, 1.0, 30, 29, 31, 1024, "lmcache"),
+    cells = [hit("kvoffload-disk", 1024, 1.0, 30, 29, 31, 1024),
+             hit("lmcache-disk", 1024, 1.0, 30, 29, 31, 1024, "lmcache"),
              hit("native-disk", 2048, 1.0, 30, 29, 31, 2048)]
     assert close_calls.close_calls(cells, "kvoffload-disk", ["lmcache-disk", "native-disk"], KV, DRIVE) == []
 
