@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import torch
 
-from pytest_kvoffload.connector.store import ALIGN, padded
+from pytest_kvoffload.connector.io_memory import ALIGN, padded
 
 
 class BusyTime:

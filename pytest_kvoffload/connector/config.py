@@ -119,7 +119,7 @@ def _threads(extra: dict) -> tuple[int, int, str, str]:
 # Every kv_connector_extra_config key the connector reads.
 OPTIONS = frozenset({"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps",
                      "read_latency_ms", "calibration", "calibration_mismatch", "load_mode", "admission", "fault",
-                     "io_slice_us", "idle_wait_ms", "load_threads", "load_cpus", "save_cpus"})
+                     "io_slice_us", "idle_wait_ms", "load_threads", "load_cpus", "save_cpus", "huge_pages"})
 
 # How long an idle step's worker waits for a load in flight (idle_wait_ms): the most a request arriving
 # meanwhile waits before the engine sees it. Shorter only costs one empty step a wait.
@@ -148,6 +148,9 @@ class ConnectorConfig:
     # get_finished) instead of handing the core back to vLLM's empty-step loop; 0: never waits.
     idle_wait_s: float = DEFAULT_IDLE_WAIT_MS / 1e3
     direct_io: bool = True  # O_DIRECT where the file system allows it; buffered + page drop otherwise
+    # Chunk buffers on transparent huge pages where the kernel allows: one segment per O_DIRECT request
+    # instead of one per 4 KiB page (io_memory.py has the measurement); false: ordinary pages.
+    huge_pages: bool = True
     read_bytes_per_s: float | None = None  # emulate a slower drive
     read_latency_s: float = 0.0  # and its access latency: each load's reads start this much later
     calibration: Path | None = None
@@ -164,8 +167,7 @@ class ConnectorConfig:
 
     @classmethod
     def from_extra(cls, extra: dict, block_size: int) -> "ConnectorConfig":
-        """Keys: store_dir, capacity_gb, chunk_tokens, io_threads, load_threads, io_slice_us, idle_wait_ms, direct_io, read_gbps, calibration,
-        load_mode, admission."""
+        """Keys: OPTIONS; a bad one is a ConnectorConfigError naming it and what would be valid."""
         known = OPTIONS
         unknown = set(extra) - known
         if unknown:
@@ -217,6 +219,7 @@ class ConnectorConfig:
             raise ConnectorConfigError(f"kvoffload connector: idle_wait_ms {idle_wait_ms} must be 0 (never wait) "
                                        f"to 1000")
         direct = _switch(extra, "direct_io", True)
+        huge_pages = _switch(extra, "huge_pages", True)
         return cls(
             store_dir=Path(extra["store_dir"]),
             capacity_bytes=int(capacity * 1e9),
@@ -228,6 +231,7 @@ class ConnectorConfig:
             io_slice_us=slice_us,
             idle_wait_s=idle_wait_ms / 1e3,
             direct_io=bool(direct),
+            huge_pages=huge_pages,
             read_bytes_per_s=float(read_gbps) * 1e9 if read_gbps is not None else None,
             read_latency_s=latency_ms / 1e3,
             calibration=Path(extra["calibration"]) if extra.get("calibration") else None,

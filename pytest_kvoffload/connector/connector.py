@@ -17,7 +17,8 @@ from pytest_kvoffload.connector.scheduler import SchedulerSide
 from pytest_kvoffload.connector.prom import KVOffloadPromMetrics, KVOffloadStats
 from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.connector.index import ChunkIndex
-from pytest_kvoffload.connector.store import HEADER_SIZE, padded
+from pytest_kvoffload.connector.io_memory import padded
+from pytest_kvoffload.connector.store import HEADER_SIZE
 
 log = logging.getLogger("pytest_kvoffload.connector")
 

@@ -33,6 +33,7 @@ import numpy as np
 import xxhash
 
 from pytest_kvoffload.connector.counters import Counters
+from pytest_kvoffload.connector.io_memory import ALIGN, aligned_buffer, on_huge_pages, padded
 
 log = logging.getLogger("pytest_kvoffload.connector")
 
@@ -41,7 +42,6 @@ MAGIC = b"KVOFFLD1"
 # blocks, each block's key in the header (2 held whole chunks under one chunk key). Files of another
 # version are never read: the index counts them at start (chunks_old_format) and leaves them in place.
 FORMAT_VERSION = 3
-ALIGN = 4096
 HEADER_SIZE = ALIGN
 # magic, version, fingerprint digest, key, payload bytes, checksum, layers, blocks in this file, bytes per
 # block, position of its first block in the prompt; then `blocks` keys of KEY_BYTES each.
@@ -55,18 +55,6 @@ SUFFIX = ".kv"
 FREE_PREFIX = ".free-"
 # Recycled files kept at most (bytes beyond the index's capacity; the rest of a clear is unlinked).
 KEEP_FREE_BYTES = 64 << 20
-
-
-def padded(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
-def aligned_buffer(nbytes: int) -> np.ndarray:
-    """A zeroed uint8 array whose data pointer and length are multiples of 4 KiB (O_DIRECT's rule)."""
-    size = padded(nbytes)
-    raw = np.zeros(size + ALIGN, dtype=np.uint8)
-    offset = (-raw.ctypes.data) % ALIGN
-    return raw[offset:offset + size]
 
 
 def checksum(payload: np.ndarray) -> int:
@@ -117,8 +105,9 @@ def read_header(path: Path) -> dict:
 class ChunkStore:
     def __init__(self, root: Path, fingerprint: str, layout: Layout, direct_io: bool = True,
                  read_bytes_per_s: float | None = None, counters: Counters | None = None,
-                 keep_free: int | None = None) -> None:
+                 keep_free: int | None = None, huge_pages: bool = True) -> None:
         self.root = Path(root)
+        self.huge_pages = huge_pages  # chunk buffers on huge pages where the kernel allows (io_memory.py)
         self.fingerprint = hashlib.sha256(fingerprint.encode()).digest()
         self.layout = layout
         self.read_bytes_per_s = read_bytes_per_s
@@ -133,6 +122,10 @@ class ChunkStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self.direct_io = direct_io and self._probe_direct_io()
         self.counters.set("direct_io", 1.0 if self.direct_io else 0.0)
+        # Whether the kernel grants the chunk buffers huge pages, asked once of a buffer made now: reading
+        # /proc/self/smaps takes milliseconds in the engine's process, so never in a load.
+        self.buffers_on_huge_pages = on_huge_pages(self.new_buffer())
+        self.counters.set("buffers_on_huge_pages", 1.0 if self.buffers_on_huge_pages else 0.0)
         self._remove_temporaries()
 
     # -- bookkeeping ------------------------------------------------------------------------------
@@ -178,7 +171,8 @@ class ChunkStore:
 
     # -- writing ----------------------------------------------------------------------------------
     def new_buffer(self) -> np.ndarray:
-        return aligned_buffer(self.layout.file_bytes)
+        """A buffer for one chunk file, to read into or write from (io_memory.aligned_buffer)."""
+        return aligned_buffer(self.layout.file_bytes, huge=self.huge_pages)
 
     def payload_view(self, buffer: np.ndarray, blocks: int | None = None) -> np.ndarray:
         """The payload of a chunk of `blocks` blocks (a whole chunk by default) in `buffer`."""

@@ -7,9 +7,8 @@ on the CPU and GPU cache layouts alike (vLLM 0.33 puts the block dimension first
 What to keep and what to remove is the scheduler's index's (index.ChunkIndex) to say: the worker carries out
 its deletions, and reports back every finished load, every write and every chunk it found damaged.
 On the CPU build a step's saves are gathered by the step's own thread (wait_for_save), up to a bound on
-the memory held, and the I/O threads only write. On CUDA each I/O thread's chunk buffer is pinned host
-memory, page-aligned so O_DIRECT reads and writes it directly, and its copies run on that thread's own
-stream: no staging copy, no shared stream.
+the memory held, the I/O threads only write, and chunk buffers sit on huge pages (io_memory.py). On CUDA each
+I/O thread's chunk buffer is pinned host memory, page-aligned for O_DIRECT, copied on that thread's stream.
 """
 
 from __future__ import annotations
@@ -97,10 +96,11 @@ class WorkerSide:
             self.step_buffers = GatheredBuffers(lambda: self.store.new_buffer(), held)
         layout_text = f"{self.fingerprint}|shape={self.block_shape}|dtype={self.dtype}"
         self.store = ChunkStore(self.store_root, layout_text, self.layout, self.config.direct_io,
-                                self.config.read_bytes_per_s, self.counters)
-        log.info("kvoffload: %d layers, block shape %s %s, %d blocks (%d bytes) per chunk file, store %s (%s)%s",
-                 len(self.layers), self.block_shape, self.dtype, per_chunk, self.layout.file_bytes,
-                 self.store_root, "O_DIRECT" if self.store.direct_io else "buffered",
+                                self.config.read_bytes_per_s, self.counters, huge_pages=self.config.huge_pages)
+        log.info("kvoffload: %d layers, block shape %s %s, %d blocks (%d bytes) per chunk file, store %s (%s, "
+                 "buffers on %s pages)%s", len(self.layers), self.block_shape, self.dtype, per_chunk,
+                 self.layout.file_bytes, self.store_root, "O_DIRECT" if self.store.direct_io else "buffered",
+                 "huge" if self.store.buffers_on_huge_pages else "4 KiB",
                  "" if self._cuda else ("; blocks move in one copy for all layers" if self.stacked is not None
                                         else "; blocks move a layer at a time (layers not in one allocation)"))
 

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_kvoffload.connector.store import ALIGN, aligned_buffer, padded
+from pytest_kvoffload.connector.io_memory import ALIGN, aligned_buffer, padded
 from pytest_kvoffload.drive.rate import Rate, Rates
 
 

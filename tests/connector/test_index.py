@@ -14,7 +14,8 @@ from pytest_kvoffload.connector.hashing import block_keys
 from pytest_kvoffload.connector.index import ChunkIndex
 from pytest_kvoffload.connector.metadata import KVOffloadMetadata, KVOffloadWorkerMeta, SaveJob
 from pytest_kvoffload.connector.scheduler import SchedulerSide
-from pytest_kvoffload.connector.store import ALIGN, ChunkStore, Layout
+from pytest_kvoffload.connector.io_memory import ALIGN
+from pytest_kvoffload.connector.store import ChunkStore, Layout
 
 SIZE = 1000  # bytes of one chunk file in the index-only tests
 BLOCK, CHUNK = 16, 32  # tokens

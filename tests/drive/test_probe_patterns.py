@@ -68,7 +68,8 @@ def test_the_drive_alone_in_bursts_is_timed_without_the_gaps_both_ways_and_leave
 
 
 def test_the_connectors_save_path_alone_in_bursts_is_timed_by_its_own_counters_and_leaves_nothing(tmp_path):
-    from pytest_kvoffload.connector.store import HEADER_SIZE, padded
+    from pytest_kvoffload.connector.io_memory import padded
+    from pytest_kvoffload.connector.store import HEADER_SIZE
     from pytest_kvoffload.drive.worker_probe import probe_worker_bursts
 
     burst, gap_s, chunk_tokens, per_token = 3, 0.05, 32, 512
