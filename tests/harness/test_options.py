@@ -164,6 +164,7 @@ BAD_DISK_OPTS = {
     "save_cpus": ("both", "save_cpus 'both' must be 'worker' (the worker's CPUs) or 'all' (every CPU)"),
     "load_threads": ("1", "load_threads 1 must be at least io_threads (2): that many read at once"),
     "direct_io": ("maybe", "direct_io 'maybe' must be true or false"),
+    "huge_pages": ("some", "huge_pages 'some' must be true or false"),
     "read_gbps": ("fast", "read_gbps 'fast' must be a number of GB/s"),
     "read_latency_ms": ("-5", "read_latency_ms -5.0 must not be negative"),
     "calibration": ("/no/such.json", "calibration /no/such.json: no such file"),
