@@ -8,7 +8,11 @@ servers read 0.96 (95% interval 0.88 to 1.01; docs/notes/2026-12-02-close-calls.
 cannot tell whether ours meets its target, the two are measured again side by side in time: each round runs
 the cell on both servers, the order alternating, and the target is judged per round, against a bound drawn
 from that round's other tier (core/tier_target.py). A cell is a close call where the range of ours' rounds
-overlaps the range of the bounds drawn from theirs; cells clear of it keep the grid's verdict.
+overlaps the range of the bounds drawn from theirs, or where ours' p50 sits nearer its bound than the two
+servers' engine hits at that cell differ: those involve no tier, so their difference is what measuring the two
+minutes apart moved. b31: ours' 4,096 x 0.5 tier hit sat 3.7% above native-disk's bound, clear of its rounds'
+range, while ours' engine hit there was 5.6% slower than native-disk's and the equal-engines check, interleaved,
+read the two engines within 2%. Cells clear of both keep the grid's verdict.
 """
 
 from __future__ import annotations
@@ -49,6 +53,16 @@ def _range(ttft: dict) -> tuple[float, float]:
             ttft["max"] if ttft.get("max") is not None else ttft["p50"])
 
 
+def engine_drift(cells: list[dict], ours: str, other: str, length: int, fraction: float) -> float:
+    """How far apart the two servers' engine-hit p50s at this cell are, as a share of the other's (0 where
+    either is missing): the grid's drift between the two, with no tier in it."""
+    engine = {c["backend"]: c["ttft"]["p50"] for c in cells if c["state"] == State.ENGINE_HIT.value
+              and c["length"] == length and c["fraction"] == fraction and c["backend"] in (ours, other)}
+    if ours not in engine or not engine.get(other):
+        return 0.0
+    return abs(engine[ours] / engine[other] - 1)
+
+
 def close_calls(cells: list[dict], ours: str, others: list[str], kv_bytes_per_token: float | None,
                 drive_gbps: float | None, most: int = MOST) -> list[CloseCall]:
     """The tier-hit cells of `ours` against each of `others` whose target the grid's rounds cannot decide,
@@ -67,9 +81,10 @@ def close_calls(cells: list[dict], ours: str, others: list[str], kv_bytes_per_to
                 continue
             low, high = _range(mine["ttft"])
             their_low, their_high = _range(theirs["ttft"])
-            if low <= bound_s(their_high, allowance) and high >= bound_s(their_low, allowance):
-                bound = bound_s(theirs["ttft"]["p50"], allowance)
-                calls.append(CloseCall(other, length, fraction, allowance, abs(mine["ttft"]["p50"] / bound - 1)))
+            margin = abs(mine["ttft"]["p50"] / bound_s(theirs["ttft"]["p50"], allowance) - 1)
+            overlap = low <= bound_s(their_high, allowance) and high >= bound_s(their_low, allowance)
+            if overlap or margin <= engine_drift(cells, ours, other, length, fraction):
+                calls.append(CloseCall(other, length, fraction, allowance, margin))
     return sorted(calls, key=lambda c: c.margin)[:most]
 
 
@@ -122,4 +137,4 @@ def render(settled: list[dict], ours: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MOST", "ROUNDS", "CloseCall", "close_calls", "grouped", "render", "settle", "settle_all"]
+__all__ = ["MOST", "ROUNDS", "CloseCall", "close_calls", "engine_drift", "grouped", "render", "settle", "settle_all"]

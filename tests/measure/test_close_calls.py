@@ -132,3 +132,33 @@ def test_the_report_judges_a_settled_close_call_by_its_rounds_and_still_counts_t
     assert rows[("native-disk", "2048", "0.5")].rstrip().endswith("grid p50s met)")
     assert "MISSED (paired 0.90" in rows[("native-disk", "2048", "0.5")]  # fewer cached tokens than theirs
     assert "met (<= 47 ms)" in rows[("native-disk", "4096", "1")]  # not a close call: the grid's verdict
+
+
+def engine(backend, length, fraction, p50):
+    return {"backend": backend, "length": length, "fraction": fraction, "state": "engine-hit",
+            "ttft": {"p50": p50 / 1e3, "min": p50 / 1e3, "max": p50 / 1e3}, "sources": {"device": 1}}
+
+
+def test_a_cell_nearer_its_bound_than_the_engines_drifted_apart_is_a_close_call():
+    # b31: ours 477 (476 to 477) against native-disk's 438 (438 to 447): bounds 460 to 469, clear of ours'
+    # rounds, 3.7% above the bound; but ours' engine hit there was 457 ms against their 433 (5.5% apart).
+    b31 = [hit("kvoffload-disk", 4096, 0.5, 477, 476, 477, 2048), hit("native-disk", 4096, 0.5, 438, 438, 447, 2048)]
+    drifted = b31 + [engine("kvoffload-disk", 4096, 0.5, 457), engine("native-disk", 4096, 0.5, 433)]
+    assert keys(close_calls.close_calls(drifted, "kvoffload-disk", ["native-disk"], KV, DRIVE)) == \
+        {("native-disk", 4096, 0.5)}
+    # Engines 2% apart, or none measured: the grid's miss stands.
+    level = b31 + [engine("kvoffload-disk", 4096, 0.5, 441), engine("native-disk", 4096, 0.5, 433)]
+    assert close_calls.close_calls(level, "kvoffload-disk", ["native-disk"], KV, DRIVE) == []
+    assert close_calls.close_calls(b31, "kvoffload-disk", ["native-disk"], KV, DRIVE) == []
+
+
+def test_drift_counts_either_way_and_only_from_engine_hits():
+    # Ours' engine 7% faster than theirs and ours' tier hit met by 4.8%: the grid's "met" is as unsure.
+    met = [hit("kvoffload-disk", 2048, 0.5, 440, 438, 441, 1024), hit("native-disk", 2048, 0.5, 440, 439, 441, 1024),
+           engine("kvoffload-disk", 2048, 0.5, 410), engine("native-disk", 2048, 0.5, 440)]
+    assert keys(close_calls.close_calls(met, "kvoffload-disk", ["native-disk"], KV, DRIVE)) == \
+        {("native-disk", 2048, 0.5)}
+    # Tier hits 25% apart with equal engines: a clear miss (19% over the bound), whatever the tier hits differ by.
+    clear = [hit("kvoffload-disk", 1024, 0.5, 500, 498, 502, 512), hit("native-disk", 1024, 0.5, 400, 399, 401, 512),
+             engine("kvoffload-disk", 1024, 0.5, 300), engine("native-disk", 1024, 0.5, 300)]
+    assert close_calls.close_calls(clear, "kvoffload-disk", ["native-disk"], KV, DRIVE) == []
