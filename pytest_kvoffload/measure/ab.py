@@ -61,8 +61,10 @@ class CellComparison:
                 "interval": [low, high], "verdict": self.verdict(), "failures": self.failures}
 
 
-def compare_cell(recorder: Recorder, servers: Servers, a, b, cell: Cell, rounds: int) -> CellComparison:
-    """`rounds` rounds of one cell on both servers, interleaved, fresh prompts each round."""
+def compare_cell(recorder: Recorder, servers: Servers, a, b, cell: Cell, rounds: int,
+                 purpose: str = "ab") -> CellComparison:
+    """`rounds` rounds of one cell on both servers, interleaved, fresh prompts each round. Prompts are keyed
+    by `purpose` (with the backend, cell and round): two comparisons of one cell on one server need two."""
     comparison = CellComparison(cell)
     endpoints = {a.name: servers.endpoint(a), b.name: servers.endpoint(b)}
     tracker = Tracker(recorder.progress, f"A/B {cell.id}", rounds, "rounds")
@@ -71,7 +73,7 @@ def compare_cell(recorder: Recorder, servers: Servers, a, b, cell: Cell, rounds:
         measured = {}
         for backend in order:
             settle(endpoints.values())
-            outcome = CellRunner(recorder, backend, endpoints[backend.name], cell, first_round=r, purpose="ab",
+            outcome = CellRunner(recorder, backend, endpoints[backend.name], cell, first_round=r, purpose=purpose,
                                  check_output=r == 0).run(1)
             comparison.failures += [f"{backend.name} {f}" for f in outcome.failures]
             measured[backend.name] = outcome.ttfts[-1]

@@ -91,7 +91,9 @@ def close_calls(cells: list[dict], ours: str, others: list[str], kv_bytes_per_to
 def settle(recorder: Recorder, servers: Servers, ours, other, call: CloseCall, rounds: int = ROUNDS) -> dict:
     """Interleaved rounds of one close call on both servers; the target judged on the median over rounds of
     ours' TTFT over that round's bound (met at 1 or less)."""
-    comparison = ab.compare_cell(recorder, servers, other, ours, call.cell, rounds)
+    # Prompts of their own per other tier: ours meets one cell in a close call against each (b33: the second
+    # found the first's prompts stored, 4,096 cached tokens where 2,048 were meant).
+    comparison = ab.compare_cell(recorder, servers, other, ours, call.cell, rounds, purpose=f"close-call-{call.other}")
     of_bound = [mine / bound_s(theirs, call.allowance_s) for theirs, mine in zip(comparison.a_s, comparison.b_s)]
     median = float(np.median(of_bound)) if of_bound else float("nan")
     return {"other": call.other, "length": call.length, "fraction": call.fraction, "allowance_s": call.allowance_s,

@@ -70,8 +70,8 @@ class Rounds:
     def __init__(self, theirs_ms, ours_ms, failures=()):
         self.theirs, self.ours, self.failures, self.asked = theirs_ms, ours_ms, list(failures), None
 
-    def __call__(self, recorder, servers, a, b, cell, rounds):
-        self.asked = (a, b, cell, rounds)
+    def __call__(self, recorder, servers, a, b, cell, rounds, purpose="ab"):
+        self.asked = (a, b, cell, rounds, purpose)
         comparison = ab.CellComparison(cell)
         comparison.a_s = [t / 1e3 for t in self.theirs]
         comparison.b_s = [o / 1e3 for o in self.ours]
@@ -162,3 +162,15 @@ def test_drift_counts_either_way_and_only_from_engine_hits():
     clear = [hit("kvoffload-disk", 1024, 0.5, 500, 498, 502, 512), hit("native-disk", 1024, 0.5, 400, 399, 401, 512),
              engine("kvoffload-disk", 1024, 0.5, 300), engine("native-disk", 1024, 0.5, 300)]
     assert close_calls.close_calls(clear, "kvoffload-disk", ["native-disk"], KV, DRIVE) == []
+
+
+def test_close_calls_of_one_cell_against_two_tiers_use_prompts_of_their_own(monkeypatch):
+    # b33: native-disk's and then native-cpu's close call at 4,096 x 0.5; the second found ours' prompts of the
+    # first in the store (4,096 cached tokens where 2,048 were meant). Prompts are keyed by purpose.
+    rounds = Rounds([400] * 5, [400] * 5)
+    monkeypatch.setattr(ab, "compare_cell", rounds)
+    purposes = set()
+    for other in ("native-disk", "native-cpu"):
+        close_calls.settle(None, None, "OURS", "THEIRS", CloseCall(other, 4096, 0.5, 0.0, 0.01))
+        purposes.add(rounds.asked[4])
+    assert len(purposes) == 2 and "ab" not in purposes
