@@ -100,7 +100,7 @@ class WorkerSide:
         log.info("kvoffload: %d layers, block shape %s %s, %d blocks (%d bytes) per chunk file, store %s (%s, "
                  "buffers on %s pages)%s", len(self.layers), self.block_shape, self.dtype, per_chunk,
                  self.layout.file_bytes, self.store_root, "O_DIRECT" if self.store.direct_io else "buffered",
-                 "huge" if self.store.buffers_on_huge_pages else "4 KiB",
+                 "pinned" if self._cuda else "huge" if self.store.buffers_on_huge_pages else "4 KiB",
                  "" if self._cuda else ("; blocks move in one copy for all layers" if self.stacked is not None
                                         else "; blocks move a layer at a time (layers not in one allocation)"))
 

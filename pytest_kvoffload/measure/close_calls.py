@@ -53,14 +53,12 @@ def _range(ttft: dict) -> tuple[float, float]:
             ttft["max"] if ttft.get("max") is not None else ttft["p50"])
 
 
-def engine_drift(cells: list[dict], ours: str, other: str, length: int, fraction: float) -> float:
-    """How far apart the two servers' engine-hit p50s at this cell are, as a share of the other's (0 where
+def engine_drift(ours_engine_s: float | None, theirs_engine_s: float | None) -> float:
+    """How far apart the two servers' engine-hit p50s at one cell are, as a share of the other's (0 where
     either is missing): the grid's drift between the two, with no tier in it."""
-    engine = {c["backend"]: c["ttft"]["p50"] for c in cells if c["state"] == State.ENGINE_HIT.value
-              and c["length"] == length and c["fraction"] == fraction and c["backend"] in (ours, other)}
-    if ours not in engine or not engine.get(other):
+    if ours_engine_s is None or not theirs_engine_s:
         return 0.0
-    return abs(engine[ours] / engine[other] - 1)
+    return abs(ours_engine_s / theirs_engine_s - 1)
 
 
 def close_calls(cells: list[dict], ours: str, others: list[str], kv_bytes_per_token: float | None,
@@ -68,6 +66,8 @@ def close_calls(cells: list[dict], ours: str, others: list[str], kv_bytes_per_to
     """The tier-hit cells of `ours` against each of `others` whose target the grid's rounds cannot decide,
     nearest the bound first, `most` at most."""
     hits = {(c["backend"], c["length"], c["fraction"]): c for c in cells if c["state"] == State.TIER_HIT.value}
+    engines = {(c["backend"], c["length"], c["fraction"]): c["ttft"]["p50"] for c in cells
+               if c["state"] == State.ENGINE_HIT.value}
     calls = []
     for (backend, length, fraction), mine in hits.items():
         if backend != ours:
@@ -83,7 +83,8 @@ def close_calls(cells: list[dict], ours: str, others: list[str], kv_bytes_per_to
             their_low, their_high = _range(theirs["ttft"])
             margin = abs(mine["ttft"]["p50"] / bound_s(theirs["ttft"]["p50"], allowance) - 1)
             overlap = low <= bound_s(their_high, allowance) and high >= bound_s(their_low, allowance)
-            if overlap or margin <= engine_drift(cells, ours, other, length, fraction):
+            if overlap or margin <= engine_drift(engines.get((ours, length, fraction)),
+                                               engines.get((other, length, fraction))):
                 calls.append(CloseCall(other, length, fraction, allowance, margin))
     return sorted(calls, key=lambda c: c.margin)[:most]
 
