@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pytest_kvoffload.connector.blocks import block_runs, stacked_layers
+from pytest_kvoffload.connector.blocks import block_runs, planted, stacked_layers
 from pytest_kvoffload.connector.buffers import BusyTime, GatheredBuffers, pinned_buffer
 from pytest_kvoffload.connector.config import ConnectorConfig
 from pytest_kvoffload.connector.metadata import KVOffloadMetadata, KVOffloadWorkerMeta, LoadJob, SaveJob
 from pytest_kvoffload.connector.counters import Counters
-from pytest_kvoffload.connector.io_threads import name_thread, on_every_cpu, request_slice
+from pytest_kvoffload.connector.io_threads import ReadSlots, name_thread, on_every_cpu, request_slice
 from pytest_kvoffload.connector.store import HEADER_SIZE, ChunkStore, Layout
 
 log = logging.getLogger("pytest_kvoffload.connector")
@@ -54,7 +54,7 @@ class WorkerSide:
         # reads in flight, as the drive reference has them (drive/beside.py), by load_threads threads: while one checks
         # a chunk and scatters it into the cache (0.4 ms of CPU a 1 MiB chunk alone, 0.6 to 0.7 in the server, against
         # 0.7 ms of the drive's time), another's read keeps the drive busy.
-        self._read_slots = threading.Semaphore(config.io_threads)
+        self._read_slots = ReadSlots(config.io_threads)
         self.load_pool = ThreadPoolExecutor(max_workers=config.load_threads or 2 * config.io_threads,
                                             thread_name_prefix=LOAD_THREADS,
                                             initializer=self._start_io_thread, initargs=(LOAD_THREADS,))
@@ -75,6 +75,7 @@ class WorkerSide:
         self._failed_blocks: set[int] = set()
         self._cuda = False
         self.device = None
+        self._faults = 0  # loads with a planted fault (config.fault)
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.layers = list(kv_caches.values())
@@ -292,24 +293,21 @@ class WorkerSide:
             time.sleep(delay)
         buffer = self._buffer()
         count = chunk.count or self.layout.blocks
-        if not self.store.read(chunk.key, buffer, count, used=len(chunk.blocks), io_slot=self._read_slots):
+
+        def scatter() -> None:
+            src = self._views(buffer, count)
+            if self.config.fault:
+                self._faults += 1
+                src = planted(src, self.config.fault, self._faults)
+            self._scatter(src, [i for i, _ in chunk.blocks], [b for _, b in chunk.blocks])
+
+        # Scattered before the checksum (store.read): a damaged chunk's blocks are reported failed and recomputed.
+        if not self.store.read(chunk.key, buffer, count, used=len(chunk.blocks), io_slot=self._read_slots,
+                               use=scatter):
             with self._report_lock:
                 self._report.dropped.append(chunk.key)
             return False, time.perf_counter()
-        src = self._views(buffer, count)
-        if self.config.fault:
-            src = self._planted(src)
-        self._scatter(src, [i for i, _ in chunk.blocks], [b for _, b in chunk.blocks])
         return True, time.perf_counter()
-
-    def _planted(self, src: torch.Tensor) -> torch.Tensor:
-        """Wrong KV for fault-injection tests (config.fault): it passed the store's checks, as a bug would."""
-        fault = self.config.fault
-        if fault == "alternate":
-            self._faults = getattr(self, "_faults", 0) + 1
-            fault = "zero" if self._faults % 2 else "shift"
-        # shift: each block gets its file's previous block (a one-block file's layers are rolled instead).
-        return torch.zeros_like(src) if fault == "zero" else torch.roll(src, 1, dims=1 if src.shape[1] > 1 else 0)
 
     def _scatter(self, src: torch.Tensor, index: list[int], ids: list[int]) -> None:
         if self._cuda:

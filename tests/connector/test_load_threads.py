@@ -63,3 +63,27 @@ def test_a_short_read_inside_the_slot_is_a_damaged_chunk(tmp_path, monkeypatch):
     assert store.read("ab" * 16, buffer, io_slot=slot) is False
     assert store.counters.drain()["chunks_corrupt"] == 1
     assert slot.acquire(blocking=False)  # given back
+
+
+def test_a_load_thread_leaving_its_read_slot_yields_the_core_to_a_waiting_reader(tmp_path, monkeypatch):
+    """ReadSlots (io_threads.py): the slot is free before the yield, so a waiter can issue its read at once."""
+    from pytest_kvoffload.connector import io_threads
+
+    side = worker(tmp_path, 16)
+    keys = [f"{i:032x}" for i in range(4)]
+    side.wait_for_save(KVOffloadMetadata(saves=[SaveJob("p", k, [2 * i, 2 * i + 1], i) for i, k in enumerate(keys)]))
+    finish(side, "p")
+    slots_free_at_yield = []
+    real_yield = os.sched_yield
+
+    def counted_yield():
+        slots_free_at_yield.append(side._read_slots._value)
+        real_yield()
+
+    monkeypatch.setattr(io_threads.os, "sched_yield", counted_yield)
+    side.start_load_kv(KVOffloadMetadata(loads=[LoadJob("r", [
+        ChunkBlocks(k, [(0, 2 * i), (1, 2 * i + 1)]) for i, k in enumerate(keys)], sync=True)]))
+    assert side.counters.drain()["chunks_read"] == 4
+    # One yield per read, each with a slot free (the control: a plain semaphore yields never).
+    assert len(slots_free_at_yield) >= 4 and all(v >= 1 for v in slots_free_at_yield)
+    side.shutdown()

@@ -329,3 +329,23 @@ def test_free_files_lost_with_a_vanished_folder_do_not_stop_saves(tmp_path):
     assert store.write(OTHER, filled(store, 2))
     c = counters.drain()
     assert c["store_recreated"] == 1 and "chunks_written_over_free" not in c and "writes_declined" not in c
+
+
+@pytest.mark.parametrize("damage", [None, "flip", "magic"])
+def test_a_reads_use_runs_after_the_header_checks_and_before_the_checksum(tmp_path, monkeypatch, damage):
+    from pytest_kvoffload.connector import store as store_module
+    store = make_store(tmp_path)
+    store.write(KEY, filled(store))
+    path = store.path(KEY)
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[HEADER_SIZE + 100] ^= 0xFF
+    elif damage == "magic":
+        data[:8] = b"XXXXXXXX"
+    path.write_bytes(bytes(data))
+    seen = []
+    monkeypatch.setattr(store_module, "checksum", lambda payload: seen.append("checksum") or checksum(payload))
+    ok = store.read(KEY, store.new_buffer(), use=lambda: seen.append("use"))
+    assert ok is (damage is None)
+    # A header that fails is never used; a payload that fails its checksum was, and the False says undo it.
+    assert seen == ([] if damage == "magic" else ["use", "checksum"])

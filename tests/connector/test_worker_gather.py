@@ -132,3 +132,20 @@ def test_layers_of_one_allocation_move_in_one_copy_and_round_trip(tmp_path):
     got = loaded_back(side, f"{5:032x}", [10, 11])
     assert all(torch.equal(g, b[[3, 7]]) for g, b in zip(got, before))
     side.shutdown()
+
+
+def test_a_chunk_damaged_past_its_header_is_scattered_then_reported_failed(tmp_path):
+    """The scatter runs before the checksum (store.read's use): a payload that fails it leaves its blocks
+    reported for recompute, none kept as loaded."""
+    side = worker(tmp_path, BLOCKS)
+    key = f"{2:032x}"
+    side.wait_for_save(KVOffloadMetadata(saves=[SaveJob("p", key, [5, 6], 0, 0)]))
+    finish(side, "p")
+    path = side.store.path(key)
+    data = bytearray(path.read_bytes())
+    data[-4096 - 1] ^= 0xFF  # in the payload's last block, past every header check
+    path.write_bytes(bytes(data))
+    side.start_load_kv(KVOffloadMetadata(loads=[LoadJob("q", [ChunkBlocks(key, [(0, 1), (1, 2)])], sync=True)]))
+    assert side.block_ids_with_load_errors() == {1, 2}
+    assert side.counters.drain()["chunks_corrupt"] == 1
+    side.shutdown()
