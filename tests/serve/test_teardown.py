@@ -26,7 +26,8 @@ def test_fails_while_the_server_runs(kv_server):
     groups = [kv_server.pgid, kv_server.companion.proc.pid]
     shared = sorted(set().union(*(shared_memory_files(pgid) for pgid in groups)))
     pathlib.Path("server.json").write_text(__import__("json").dumps(
-        {"pgid": kv_server.pgid, "pid": kv_server.proc.pid, "groups": groups, "shared": shared}))
+        {"pgid": kv_server.pgid, "pid": kv_server.proc.pid, "groups": groups, "shared": shared,
+         "rpc": kv_server.rpc_dir, "rpc_files": os.listdir(kv_server.rpc_dir)}))
     assert False, "planned failure"
 
 def test_still_running_when_interrupted(kv_server):
@@ -69,6 +70,8 @@ def test_failed_test_then_ctrl_c_leaves_no_server_process(pytester):
     assert not any(group_has_live_members(pgid) for pgid in server["groups"]), "processes outlived the session"
     assert not os.path.exists(f"/proc/{server['pid']}")
     assert not [path for path in server["shared"] if os.path.exists(path)], "shared memory outlived the session"
+    # vLLM's ZMQ socket files: the server's own folder held them (the control), and went with it.
+    assert server["rpc_files"] and not os.path.exists(server["rpc"]), server
     runs = list((pytester.path / "results").glob("*/run.json"))
     assert len(runs) == 1 and json.loads(runs[0].read_text())["status"] == "partial"
 
@@ -143,3 +146,22 @@ def test_shared_memory_a_killed_server_group_left_is_removed_and_nothing_else(tm
             os.killpg(group.pid, signal.SIGKILL)
         for path in (mine, opened, held, unrelated):
             path.unlink(missing_ok=True)
+
+
+def test_a_servers_socket_folder_goes_with_it_and_a_users_own_is_left_alone(tmp_path):
+    from pytest_kvoffload.serve.server import VllmServer
+
+    command = [sys.executable, "-c", "import time; time.sleep(60)"]
+    server = VllmServer("fake", command, dict(os.environ), 1, tmp_path / "log", "m")
+    server.start()
+    folder = server.rpc_dir
+    assert server.env["VLLM_RPC_BASE_PATH"] == folder and os.path.isdir(folder)
+    Path(folder, "socket-left-by-vllm").touch()
+    server.stop(grace=5)
+    assert not os.path.exists(folder)
+    own = tmp_path / "own"
+    own.mkdir()
+    server = VllmServer("fake", command, dict(os.environ, VLLM_RPC_BASE_PATH=str(own)), 1, tmp_path / "log", "m")
+    server.start()
+    server.stop(grace=5)
+    assert server.rpc_dir is None and own.is_dir()
