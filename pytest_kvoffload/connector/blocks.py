@@ -1,6 +1,6 @@
 """Where a chunk's blocks sit in the engine's KV cache, for the CPU build's copies (worker.py): runs of
 consecutive blocks (one slice copy each instead of one per block), and every layer as one view (one copy for
-all layers instead of one a layer); and the wrong KV a fault-injection test plants in a load (planted)."""
+all layers instead of one a layer), copied run by run (copy_runs); and the wrong KV a fault-injection test plants in a load (planted)."""
 
 from __future__ import annotations
 
@@ -42,3 +42,18 @@ def planted(src: torch.Tensor, fault: str, nth: int) -> torch.Tensor:
     if fault == "alternate":
         fault = "zero" if nth % 2 else "shift"
     return torch.zeros_like(src) if fault == "zero" else torch.roll(src, 1, dims=1 if src.shape[1] > 1 else 0)
+
+
+def copy_runs(layers: list[torch.Tensor], stacked: torch.Tensor | None, chunk: torch.Tensor, index, ids,
+              into_cache: bool) -> None:
+    """Copy a chunk's blocks `index` (`chunk`: [layers, blocks, ...], a view of its buffer) to or from the CPU
+    cache's blocks `ids`, run by run of consecutive blocks on both sides: slice copies are memcpy, where
+    index_copy_ on a CPU tensor indexes element by element (2 blocks x 8 layers of tiny-llama: 0.18 ms
+    against 0.04). `stacked` (stacked_layers), where given, moves every layer in one copy."""
+    for first, start, n in block_runs(index, ids):
+        if stacked is not None:
+            pairs = [(stacked[:, start:start + n], chunk[:, first:first + n])]
+        else:
+            pairs = [(layer[start:start + n], blocks[first:first + n]) for layer, blocks in zip(layers, chunk)]
+        for cache_part, chunk_part in pairs:
+            (cache_part if into_cache else chunk_part).copy_(chunk_part if into_cache else cache_part)

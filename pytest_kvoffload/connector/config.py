@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_kvoffload.connector.io_threads import MAX_SLICE_US, MIN_SLICE_US
-from pytest_kvoffload.connector.store import MAX_BLOCKS
+from pytest_kvoffload.connector.chunk_format import MAX_BLOCKS
 
 DEFAULT_CHUNK_TOKENS = 256
 
@@ -119,7 +119,8 @@ def _threads(extra: dict) -> tuple[int, int, str, str]:
 # Every kv_connector_extra_config key the connector reads.
 OPTIONS = frozenset({"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps",
                      "read_latency_ms", "calibration", "calibration_mismatch", "load_mode", "admission", "fault",
-                     "io_slice_us", "idle_wait_ms", "load_threads", "load_cpus", "save_cpus", "huge_pages"})
+                     "io_slice_us", "idle_wait_ms", "load_threads", "load_cpus", "save_cpus", "huge_pages",
+                     "load_io"})
 
 # How long an idle step's worker waits for a load in flight (idle_wait_ms): the most a request arriving
 # meanwhile waits before the engine sees it. Shorter only costs one empty step a wait.
@@ -141,6 +142,9 @@ class ConnectorConfig:
     # so the drive is not left a read short while a chunk's CPU work runs (worker.py). None: twice io_threads.
     load_threads: int | None = None
     load_cpus: str = "worker"  # THREAD_CPUS: the load threads' CPUs (worker.py, _start_io_thread)
+    # The CPU build's loads: "aio", one thread with io_threads reads queued on Linux native AIO (aio_loads.py),
+    # falling back to "threads" (load_threads threads) where the kernel has none. CUDA loads run on threads.
+    load_io: str = "aio"
     save_cpus: str = "worker"  # THREAD_CPUS: the save threads' CPUs
     # The I/O threads' scheduler slice (io_threads.py): the kernel's shortest by default; 0 keeps its default.
     io_slice_us: int = MIN_SLICE_US
@@ -218,6 +222,10 @@ class ConnectorConfig:
         if not 0 <= idle_wait_ms <= 1000:
             raise ConnectorConfigError(f"kvoffload connector: idle_wait_ms {idle_wait_ms} must be 0 (never wait) "
                                        f"to 1000")
+        load_io = str(extra.get("load_io", "aio"))
+        if load_io not in ("aio", "threads"):
+            raise ConnectorConfigError(f"kvoffload connector: load_io {load_io!r} must be 'aio' (native AIO, one "
+                                       f"thread) or 'threads' (load_threads threads)")
         direct = _switch(extra, "direct_io", True)
         huge_pages = _switch(extra, "huge_pages", True)
         return cls(
@@ -227,6 +235,7 @@ class ConnectorConfig:
             io_threads=threads,
             load_threads=load_threads,
             load_cpus=load_cpus,
+            load_io=load_io,
             save_cpus=save_cpus,
             io_slice_us=slice_us,
             idle_wait_s=idle_wait_ms / 1e3,

@@ -18,7 +18,7 @@ from pytest_kvoffload.connector.prom import KVOffloadPromMetrics, KVOffloadStats
 from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.connector.index import ChunkIndex
 from pytest_kvoffload.connector.io_memory import padded
-from pytest_kvoffload.connector.store import HEADER_SIZE
+from pytest_kvoffload.connector.chunk_format import HEADER_SIZE
 
 log = logging.getLogger("pytest_kvoffload.connector")
 

@@ -56,7 +56,8 @@ FLAGS = {"direct_io": "1 when the store uses O_DIRECT, 0 when buffered with cach
          "blocks_one_copy": "1 when a run of blocks moves in one copy for all layers (the CPU build, layers in one allocation)",
          "online_read_gbps": "the admission rule's running estimate of delivered read bandwidth, GB/s",
          "chunks_old_format": "chunk files of an older format found in the store at start: not read (index.py)",
-         "buffers_on_huge_pages": "1 when the kernel grants the chunk buffers huge pages (io_memory.py), 0 on 4 KiB pages"}
+         "buffers_on_huge_pages": "1 when the kernel grants the chunk buffers huge pages (io_memory.py), 0 on 4 KiB pages",
+         "loads_on_aio": "1 when loads run on native AIO (load_io=aio, aio_loads.py), 0 on load threads"}
 PREFIX = "kvoffload:"
 
 # Seconds and bytes of single operations, exported as Prometheus histograms beside the totals (vLLM's

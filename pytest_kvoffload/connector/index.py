@@ -22,7 +22,8 @@ from collections import OrderedDict
 from pathlib import Path
 
 from pytest_kvoffload.connector.counters import Counters
-from pytest_kvoffload.connector.store import FORMAT_VERSION, SUFFIX, read_header
+from pytest_kvoffload.connector.chunk_format import FORMAT_VERSION, read_header
+from pytest_kvoffload.connector.store import SUFFIX
 
 log = logging.getLogger("pytest_kvoffload.connector")
 

@@ -2,10 +2,7 @@
 
 A chunk is up to `Layout.blocks` consecutive KV blocks of one prompt (the last chunk of a prompt may hold
 fewer), so that a prefix is stored and matched block by block while the drive still sees large files.
-File = 4 KiB header + payload padded to 4 KiB, so that the whole file moves with one O_DIRECT call.
-Header: magic, format version, fingerprint digest, key, payload length, checksum, layout numbers, the
-position of the chunk's first block in its prompt, then each block's chained key (the index is rebuilt
-from them when a server restarts).
+The file's format (a 4 KiB header, then the payload padded to 4 KiB) is chunk_format.py's.
 Writes go to a temporary name in the store folder and are renamed into place, so a reader never sees
 half a chunk. A removed chunk's file is kept, up to a bound, under a free name and written over by a
 later save: on ext4 a new file costs the writer about 0.4 ms of CPU a 1 MiB chunk (inode and block
@@ -22,84 +19,24 @@ import errno
 import hashlib
 import logging
 import os
-import struct
 import threading
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import xxhash
 
+from pytest_kvoffload.connector.chunk_format import (FORMAT_VERSION, HEADER, HEADER_SIZE, MAGIC, Layout,
+                                                     checksum)
 from pytest_kvoffload.connector.counters import Counters
-from pytest_kvoffload.connector.io_memory import ALIGN, aligned_buffer, on_huge_pages, padded
+from pytest_kvoffload.connector.io_memory import ALIGN, aligned_buffer, on_huge_pages
 
 log = logging.getLogger("pytest_kvoffload.connector")
 
-MAGIC = b"KVOFFLD1"
-# 2: xxh3 checksum (1 summed 64-bit words, blind to swapped blocks). 3: chunks of 1 to Layout.blocks
-# blocks, each block's key in the header (2 held whole chunks under one chunk key). Files of another
-# version are never read: the index counts them at start (chunks_old_format) and leaves them in place.
-FORMAT_VERSION = 3
-HEADER_SIZE = ALIGN
-# magic, version, fingerprint digest, key, payload bytes, checksum, layers, blocks in this file, bytes per
-# block, position of its first block in the prompt; then `blocks` keys of KEY_BYTES each.
-_HEADER = struct.Struct("<8sI32s16sQQIIQI")
-HEADER_FIELDS = ("magic", "version", "fingerprint", "key", "payload_bytes", "checksum", "layers", "blocks",
-                 "block_bytes", "first_block")
-KEY_BYTES = 16
-# Block keys the header has room for: a chunk of more blocks is refused by the connector's options.
-MAX_BLOCKS = (ALIGN - _HEADER.size) // KEY_BYTES
 SUFFIX = ".kv"
 FREE_PREFIX = ".free-"
 # Recycled files kept at most (bytes beyond the index's capacity; the rest of a clear is unlinked).
 KEEP_FREE_BYTES = 64 << 20
-
-
-def checksum(payload: np.ndarray) -> int:
-    """xxh3-64 of the payload: order-sensitive, so two swapped blocks are caught as well as torn,
-    truncated and bit-flipped chunks.
-
-    Not cryptographic: at about 29 GB/s on one core (measured beside zlib.crc32's 6.6 GB/s and an
-    order-blind sum of 64-bit words at the same 29 GB/s) it stays far above any drive.
-    """
-    return xxhash.xxh3_64_intdigest(memoryview(np.ascontiguousarray(payload)))
-
-
-@dataclass(frozen=True)
-class Layout:
-    layers: int
-    blocks: int  # blocks of a whole chunk (a prompt's last chunk may hold fewer)
-    block_bytes: int  # bytes of one block of one layer
-
-    def payload_bytes_for(self, blocks: int) -> int:
-        return self.layers * blocks * self.block_bytes
-
-    def file_bytes_for(self, blocks: int) -> int:
-        return HEADER_SIZE + padded(self.payload_bytes_for(blocks))
-
-    @property
-    def payload_bytes(self) -> int:
-        return self.payload_bytes_for(self.blocks)
-
-    @property
-    def file_bytes(self) -> int:
-        return self.file_bytes_for(self.blocks)
-
-
-def read_header(path: Path) -> dict:
-    """A chunk file's header fields plus `block_keys` (hex; empty for another format version). No checksum
-    check: for the index's start-up scan, tools and tests."""
-    with open(path, "rb") as fh:
-        raw = fh.read(HEADER_SIZE)
-    fields = dict(zip(HEADER_FIELDS, _HEADER.unpack_from(raw)))
-    keys = []
-    if fields["magic"] == MAGIC and fields["version"] == FORMAT_VERSION and fields["blocks"] <= MAX_BLOCKS:
-        start = _HEADER.size
-        keys = [raw[start + i * KEY_BYTES:start + (i + 1) * KEY_BYTES].hex() for i in range(fields["blocks"])]
-    fields["block_keys"] = keys
-    return fields
 
 
 class ChunkStore:
@@ -185,7 +122,7 @@ class ChunkStore:
         blocks = len(block_keys) if block_keys else self.layout.blocks
         size = self.layout.file_bytes_for(blocks)
         payload = self.payload_view(buffer, blocks)
-        header = _HEADER.pack(MAGIC, FORMAT_VERSION, self.fingerprint, bytes.fromhex(key), payload.size,
+        header = HEADER.pack(MAGIC, FORMAT_VERSION, self.fingerprint, bytes.fromhex(key), payload.size,
                               checksum(payload), self.layout.layers, blocks, self.layout.block_bytes, first_block)
         header += b"".join(bytes.fromhex(k) for k in block_keys or ())
         buffer[:HEADER_SIZE] = 0
@@ -292,29 +229,16 @@ class ChunkStore:
         """Fill `buffer` (from new_buffer) with the chunk of `blocks` blocks (a whole chunk by default), of
         which the load uses `used` (all by default: the rest is read for the checksum, and counted as read
         but not useful); False on any fault, which then counts as a miss. `io_slot` (a semaphore), where
-        given, is held for the drive's part alone: the caller's bound on reads in flight. `use()`
-        runs between the header's checks and the checksum, which then finds the payload in the core's caches
-        (the worker's scatter: 0.27 ms of CPU a 1 MiB chunk against 0.34 checked first, docs/notes/
-        2026-12-02-scatter-first.md); False then means what it did must be undone."""
-        path = self.path(key)
+        given, is held for the drive's part alone: the caller's bound on reads in flight. `use` as in
+        finish_read. A caller that moves the bytes itself (connector/aio_loads.py) calls open_chunk, then
+        finish_read."""
         blocks = blocks or self.layout.blocks
         size = self.layout.file_bytes_for(blocks)
         started = time.perf_counter()
-        try:
-            flags = os.O_RDONLY | (os.O_DIRECT if self.direct_io else 0)
-            fd = os.open(path, flags)
-        except FileNotFoundError:
-            self.counters.add("chunks_missing")
-            self._once("missing", f"chunk {key} vanished between lookup and load")
-            return False
-        except OSError as exc:
-            self.counters.add("read_errors")
-            self._once("open", f"cannot open {path}: {exc.strerror}")
+        fd = self.open_chunk(key, blocks)
+        if fd is None:
             return False
         try:
-            actual = os.fstat(fd).st_size
-            if actual != size:
-                return self._corrupt(key, f"{actual} bytes, expected {size}")
             got = 0
             view = memoryview(buffer[:size])
             with io_slot or nullcontext():
@@ -323,16 +247,50 @@ class ChunkStore:
                     if n <= 0:
                         break
                     got += n
-            if got < size:
-                return self._corrupt(key, "short read")
         except OSError as exc:
-            self.counters.add("read_errors")
-            self._once("read", f"cannot read {path}: {exc.strerror}")
-            return False
+            return self.read_failed(key, exc)
         finally:
             os.close(fd)
+        return self.finish_read(key, buffer, blocks, got, started, used, use)
+
+    def open_chunk(self, key: str, blocks: int) -> int | None:
+        """The chunk file's descriptor for reading (O_DIRECT where the store uses it), its size checked;
+        None, counted and logged, where it is missing, unreadable or of the wrong size."""
+        path = self.path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if self.direct_io else 0))
+        except FileNotFoundError:
+            self.counters.add("chunks_missing")
+            self._once("missing", f"chunk {key} vanished between lookup and load")
+            return None
+        except OSError as exc:
+            self.counters.add("read_errors")
+            self._once("open", f"cannot open {path}: {exc.strerror}")
+            return None
+        actual, size = os.fstat(fd).st_size, self.layout.file_bytes_for(blocks)
+        if actual != size:
+            os.close(fd)
+            self._corrupt(key, f"{actual} bytes, expected {size}")
+            return None
+        return fd
+
+    def read_failed(self, key: str, exc: OSError) -> bool:
+        self.counters.add("read_errors")
+        self._once("read", f"cannot read {self.path(key)}: {exc.strerror}")
+        return False
+
+    def finish_read(self, key: str, buffer: np.ndarray, blocks: int, got: int, started: float,
+                    used: int | None = None, use=lambda: None) -> bool:
+        """Check a chunk whose file's `got` bytes were read into `buffer` since `started` (perf_counter)
+        and count it read; False, counted, on a fault. `use()` runs between the header's checks and the
+        checksum, which then finds the payload in the core's caches (the worker's scatter: 0.27 ms of CPU a
+        1 MiB chunk against 0.34 checked first, docs/notes/2026-12-02-scatter-first.md); False then means
+        what it did must be undone."""
+        size = self.layout.file_bytes_for(blocks)
+        if got < size:
+            return self._corrupt(key, "short read")
         magic, version, fingerprint, stored_key, length, stored_sum, layers, stored_blocks, block_bytes, _ = \
-            _HEADER.unpack_from(buffer[:_HEADER.size].tobytes())
+            HEADER.unpack_from(buffer[:HEADER.size].tobytes())
         if magic != MAGIC or version != FORMAT_VERSION:
             return self._corrupt(key, "not a kvoffload chunk of this format version")
         if fingerprint != self.fingerprint or (layers, stored_blocks, block_bytes) != (

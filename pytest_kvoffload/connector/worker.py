@@ -7,7 +7,8 @@ on the CPU and GPU cache layouts alike (vLLM 0.33 puts the block dimension first
 What to keep and what to remove is the scheduler's index's (index.ChunkIndex) to say: the worker carries out
 its deletions, and reports back every finished load, every write and every chunk it found damaged.
 On the CPU build a step's saves are gathered by the step's own thread (wait_for_save), up to a bound on
-the memory held, the I/O threads only write, and chunk buffers sit on huge pages (io_memory.py). On CUDA each
+the memory held, the I/O threads only write, chunk buffers sit on huge pages (io_memory.py), and loads run on
+native AIO where the kernel has it (aio_loads.py, load_io). On CUDA each
 I/O thread's chunk buffer is pinned host memory, page-aligned for O_DIRECT, copied on that thread's stream.
 """
 
@@ -22,13 +23,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pytest_kvoffload.connector.blocks import block_runs, planted, stacked_layers
+from pytest_kvoffload.connector.aio_loads import AioLoads, available as aio_available
+from pytest_kvoffload.connector.blocks import copy_runs, planted, stacked_layers
 from pytest_kvoffload.connector.buffers import BusyTime, GatheredBuffers, pinned_buffer
 from pytest_kvoffload.connector.config import ConnectorConfig
 from pytest_kvoffload.connector.metadata import KVOffloadMetadata, KVOffloadWorkerMeta, LoadJob, SaveJob
 from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.connector.io_threads import ReadSlots, name_thread, on_every_cpu, request_slice
-from pytest_kvoffload.connector.store import HEADER_SIZE, ChunkStore, Layout
+from pytest_kvoffload.connector.chunk_format import HEADER_SIZE, Layout
+from pytest_kvoffload.connector.store import ChunkStore
 
 log = logging.getLogger("pytest_kvoffload.connector")
 
@@ -76,6 +79,8 @@ class WorkerSide:
         self._cuda = False
         self.device = None
         self._faults = 0  # loads with a planted fault (config.fault)
+        self._aio: AioLoads | None = None  # the CPU build's loads with load_io=aio (register_kv_caches)
+        self._aio_pool: ThreadPoolExecutor | None = None
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.layers = list(kv_caches.values())
@@ -98,6 +103,14 @@ class WorkerSide:
         layout_text = f"{self.fingerprint}|shape={self.block_shape}|dtype={self.dtype}"
         self.store = ChunkStore(self.store_root, layout_text, self.layout, self.config.direct_io,
                                 self.config.read_bytes_per_s, self.counters, huge_pages=self.config.huge_pages)
+        if not self._cuda and self.config.load_io == "aio":
+            if aio_available():
+                self._aio = AioLoads(self.store, self.config.io_threads)
+                self._aio_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=LOAD_THREADS,
+                                                    initializer=self._start_io_thread, initargs=(LOAD_THREADS,))
+            else:
+                log.warning("kvoffload: load_io aio: this kernel has no native AIO; loads run on threads")
+        self.counters.set("loads_on_aio", 1.0 if self._aio is not None else 0.0)
         log.info("kvoffload: %d layers, block shape %s %s, %d blocks (%d bytes) per chunk file, store %s (%s, "
                  "buffers on %s pages)%s", len(self.layers), self.block_shape, self.dtype, per_chunk,
                  self.layout.file_bytes, self.store_root, "O_DIRECT" if self.store.direct_io else "buffered",
@@ -113,7 +126,11 @@ class WorkerSide:
             # Chunks are read in parallel; the request is released when all are in. An emulated drive's
             # access latency (read_latency_ms) holds every read of this load until it has passed.
             not_before = time.perf_counter() + self.config.read_latency_s
-            futures = [self.load_pool.submit(self._load_chunk, chunk, not_before) for chunk in job.chunks]
+            if self._aio is not None:
+                futures = [Future() for _ in job.chunks]
+                self._aio_pool.submit(self._aio.load, job.chunks, futures, self._scatter_for, not_before)
+            else:
+                futures = [self.load_pool.submit(self._load_chunk, chunk, not_before) for chunk in job.chunks]
             if job.sync:
                 sync.append((job, futures, time.perf_counter()))
             else:
@@ -180,12 +197,9 @@ class WorkerSide:
 
     def _wait_for_a_load(self) -> None:
         """In a step with nothing to compute, wait (idle_wait_s at most) until a load in flight finishes.
-
-        vLLM runs such steps back to back only to poll get_finished, and on the CPU build the worker's thread
-        that runs them shares its core with the I/O threads: polling, it took a share of the core the reads
-        and scatters needed (the load threads waited 0.31 ms for a CPU per chunk read; notes of 2026-12-02,
-        paired). Blocked here it holds neither the core nor the GIL, and a finished load is seen at once. A
-        request that arrives meanwhile waits at most idle_wait_s for the engine to take it."""
+        vLLM runs such steps back to back only to poll get_finished, on the core the CPU build's I/O threads
+        need (they waited 0.31 ms for a CPU per chunk read; notes of 2026-12-02, paired); blocked here it holds
+        neither core nor GIL. A request arriving meanwhile waits at most idle_wait_s for the engine."""
         if not self.config.idle_wait_s or not self._loads:
             return
         remaining = [[f for f in pending if not f.done()] for _, pending, _ in self._loads.values()]
@@ -197,13 +211,9 @@ class WorkerSide:
         self.counters.add("idle_wait_seconds", time.perf_counter() - started)
 
     def _time_save_batches(self) -> None:
-        """Time each finished step's saves.
-
-        The histogram gets each batch's own wall time, from submission to its last write. The bandwidth
-        total (save_wall_seconds) gets the union of the batches' intervals: a step's saves often start
-        while the previous step's are still writing, and summing both walls would count the shared
-        time twice.
-        """
+        """Time each finished step's saves: the histogram gets each batch's wall time (submission to last
+        write), save_wall_seconds the union of the batches' intervals (a step's saves often start while the
+        previous step's still write: summing both walls would count the shared time twice)."""
         pending = []
         for started, batch in self._save_batches:
             if not all(f.done() for f in batch):
@@ -234,6 +244,8 @@ class WorkerSide:
                 moved += self.layout.file_bytes_for(chunk.count or self.layout.blocks)
             else:
                 self._failed_blocks.update(b for _, b in chunk.blocks)
+                with self._report_lock:
+                    self._report.dropped.append(chunk.key)
         self.counters.add("load_wall_seconds", self._loads_busy.add(started, ended))
         with self._report_lock:
             self._report.loaded.append(job.req_id)
@@ -287,27 +299,26 @@ class WorkerSide:
         return stream
 
     def _load_chunk(self, chunk, not_before: float = 0.0) -> tuple[bool, float]:
-        """Read one chunk and scatter its blocks into the cache; (ok, when it finished)."""
+        """Read one chunk and scatter its blocks into the cache (load_io=threads); (ok, when it finished)."""
         delay = not_before - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
         buffer = self._buffer()
         count = chunk.count or self.layout.blocks
+        ok = self.store.read(chunk.key, buffer, count, used=len(chunk.blocks), io_slot=self._read_slots,
+                             use=self._scatter_for(chunk, buffer, count))
+        return ok, time.perf_counter()
 
+    def _scatter_for(self, chunk, buffer: np.ndarray, count: int):
+        """The scatter of `chunk`'s blocks from `buffer`, run by the store before the checksum: a damaged
+        chunk's blocks are then reported failed (_collect) and recomputed."""
         def scatter() -> None:
             src = self._views(buffer, count)
             if self.config.fault:
                 self._faults += 1
                 src = planted(src, self.config.fault, self._faults)
             self._scatter(src, [i for i, _ in chunk.blocks], [b for _, b in chunk.blocks])
-
-        # Scattered before the checksum (store.read): a damaged chunk's blocks are reported failed and recomputed.
-        if not self.store.read(chunk.key, buffer, count, used=len(chunk.blocks), io_slot=self._read_slots,
-                               use=scatter):
-            with self._report_lock:
-                self._report.dropped.append(chunk.key)
-            return False, time.perf_counter()
-        return True, time.perf_counter()
+        return scatter
 
     def _scatter(self, src: torch.Tensor, index: list[int], ids: list[int]) -> None:
         if self._cuda:
@@ -322,14 +333,7 @@ class WorkerSide:
             # The request is reported loaded only after this, so its first forward reads complete blocks.
             stream.synchronize()
             return
-        # Run by run of consecutive blocks on both sides: slice copies are memcpy, where index_copy_ on a CPU
-        # tensor indexes element by element (a chunk of 2 blocks x 8 layers of tiny-llama: 0.18 ms against 0.04).
-        for first, start, n in block_runs(index, ids):
-            if self.stacked is not None:
-                self.stacked[:, start:start + n].copy_(src[:, first:first + n])
-                continue
-            for layer, blocks in zip(self.layers, src):
-                layer[start:start + n].copy_(blocks[first:first + n])
+        copy_runs(self.layers, self.stacked, src, index, ids, into_cache=True)
 
     def _gather_now(self, job: SaveJob) -> np.ndarray | None:
         """Gather a chunk on the calling (step's) thread into a held buffer; None past the bound."""
@@ -379,17 +383,15 @@ class WorkerSide:
                     dst[i].copy_(layer.index_select(0, ids), non_blocking=True)  # into pinned memory
             stream.synchronize()
         else:
-            for first, start, n in block_runs(range(len(job.block_ids)), job.block_ids):  # as in _scatter
-                if self.stacked is not None:
-                    dst[:, first:first + n].copy_(self.stacked[:, start:start + n])
-                    continue
-                for i, layer in enumerate(self.layers):
-                    dst[i][first:first + n].copy_(layer[start:start + n])
+            copy_runs(self.layers, self.stacked, dst, range(len(job.block_ids)), job.block_ids, into_cache=False)
         # The gather's share of a save, beside save_seconds (the file write): where a slow save's time goes.
         self.counters.add("save_copy_seconds", time.perf_counter() - started)
 
     def shutdown(self) -> None:
         self.load_pool.shutdown(wait=True, cancel_futures=False)
+        if self._aio is not None:
+            self._aio_pool.shutdown(wait=True, cancel_futures=False)
+            self._aio.close()
         self.save_pool.shutdown(wait=True, cancel_futures=False)
         if self.store is not None:
             self.store.drop_free()

@@ -40,7 +40,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from pytest_kvoffload.connector.io_threads import MIN_SLICE_US
-from pytest_kvoffload.connector.store import HEADER_SIZE
+from pytest_kvoffload.connector.chunk_format import HEADER_SIZE
 from pytest_kvoffload.connector.worker import LOAD_THREADS, SAVE_THREADS
 from pytest_kvoffload.core.machine import has_cuda
 from pytest_kvoffload.core.models import DTYPE_BYTES

@@ -167,7 +167,8 @@ def probe_store(folder: str | Path, file_bytes: int, total_bytes: int = 256 << 2
 
     from pytest_kvoffload.connector.io_threads import request_slice
     from pytest_kvoffload.drive.cpu_use import own_thread_times
-    from pytest_kvoffload.connector.store import HEADER_SIZE, ChunkStore, Layout
+    from pytest_kvoffload.connector.chunk_format import HEADER_SIZE, Layout
+    from pytest_kvoffload.connector.store import ChunkStore
 
     folder = Path(folder)
     if not folder.is_dir():

@@ -10,7 +10,7 @@ from pytest_kvoffload.serve.builtin_backends import kvoffload_store_dir
 from pytest_kvoffload.serve.client import measure, stream_completion
 from pytest_kvoffload.measure.runner import first_difference, recompute
 from pytest_kvoffload.connector.counters import HISTOGRAMS
-from pytest_kvoffload.connector.store import HEADER_SIZE, read_header
+from pytest_kvoffload.connector.chunk_format import HEADER_SIZE, read_header
 from pytest_kvoffload.serve.metrics import histograms
 from pytest_kvoffload.measure.prompts import expected_cached, make_prompt
 

@@ -15,7 +15,8 @@ from pytest_kvoffload.connector.index import ChunkIndex
 from pytest_kvoffload.connector.metadata import KVOffloadMetadata, KVOffloadWorkerMeta, SaveJob
 from pytest_kvoffload.connector.scheduler import SchedulerSide
 from pytest_kvoffload.connector.io_memory import ALIGN
-from pytest_kvoffload.connector.store import ChunkStore, Layout
+from pytest_kvoffload.connector.chunk_format import Layout
+from pytest_kvoffload.connector.store import ChunkStore
 
 SIZE = 1000  # bytes of one chunk file in the index-only tests
 BLOCK, CHUNK = 16, 32  # tokens
@@ -290,11 +291,12 @@ def test_reset_forgets_everything_and_ignores_writes_announced_before_it(tmp_pat
 
 
 # -- the worker carries the index's decisions out on real files --------------------------------------------
-def worker(tmp_path, blocks=8):
+def worker(tmp_path, blocks=8, **extra):
     """A worker over a CPU cache of two layers and `blocks` blocks (also used by test_worker_gather.py)."""
     from pytest_kvoffload.connector.worker import WorkerSide
 
-    config = ConnectorConfig.from_extra({"store_dir": str(tmp_path), "chunk_tokens": CHUNK, "io_threads": 2}, BLOCK)
+    config = ConnectorConfig.from_extra({"store_dir": str(tmp_path), "chunk_tokens": CHUNK, "io_threads": 2, **extra},
+                                        BLOCK)
     side = WorkerSide(config, "model=test", tmp_path / "rank0", BLOCK)
     caches = {f"layer{i}": torch.randn(blocks, 2, BLOCK, 2, 8) for i in range(2)}
     side.register_kv_caches(caches)

@@ -8,7 +8,8 @@ import pytest
 
 from pytest_kvoffload.connector.config import ConnectorConfig, ConnectorConfigError
 from pytest_kvoffload.connector.io_memory import ALIGN, HUGE_PAGE, MIN_HUGE, aligned_buffer, on_huge_pages
-from pytest_kvoffload.connector.store import ChunkStore, Layout
+from pytest_kvoffload.connector.chunk_format import Layout
+from pytest_kvoffload.connector.store import ChunkStore
 
 CHUNK = (1 << 20) + ALIGN  # a 1 MiB chunk file: header and payload
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")

@@ -1,5 +1,6 @@
-"""Loads by load_threads threads with io_threads reads in flight (worker.py): the drive never gets more
-reads at once than the reference it is held to, and a chunk's check and scatter run beside the next read."""
+"""Loads by load_threads threads (load_io=threads) with io_threads reads in flight (worker.py): the drive never
+gets more reads at once than the reference it is held to, and a chunk's check and scatter run beside the next
+read."""
 
 import os
 import threading
@@ -15,7 +16,7 @@ from pytest_kvoffload.connector.store import ChunkStore
 
 
 def test_reads_in_flight_stay_at_io_threads_while_more_threads_load(tmp_path, monkeypatch):
-    side = worker(tmp_path, 16)
+    side = worker(tmp_path, 16, load_io="threads")
     assert side.load_pool._max_workers == 4  # twice io_threads by default
     keys = [f"{i:032x}" for i in range(8)]
     side.wait_for_save(KVOffloadMetadata(saves=[SaveJob("p", k, [2 * i, 2 * i + 1], i) for i, k in enumerate(keys)]))
@@ -53,7 +54,7 @@ def test_load_threads_below_io_threads_is_one_line(tmp_path):
 
 
 def test_a_short_read_inside_the_slot_is_a_damaged_chunk(tmp_path, monkeypatch):
-    from pytest_kvoffload.connector.store import Layout
+    from pytest_kvoffload.connector.chunk_format import Layout
 
     store = ChunkStore(tmp_path, "probe", Layout(1, 1, 4096))
     buffer = store.new_buffer()
@@ -69,7 +70,7 @@ def test_a_load_thread_leaving_its_read_slot_yields_the_core_to_a_waiting_reader
     """ReadSlots (io_threads.py): the slot is free before the yield, so a waiter can issue its read at once."""
     from pytest_kvoffload.connector import io_threads
 
-    side = worker(tmp_path, 16)
+    side = worker(tmp_path, 16, load_io="threads")
     keys = [f"{i:032x}" for i in range(4)]
     side.wait_for_save(KVOffloadMetadata(saves=[SaveJob("p", k, [2 * i, 2 * i + 1], i) for i, k in enumerate(keys)]))
     finish(side, "p")

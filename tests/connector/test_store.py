@@ -8,7 +8,8 @@ import pytest
 from pytest_kvoffload.connector.config import ConnectorConfig, ConnectorConfigError
 from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.connector.io_memory import ALIGN
-from pytest_kvoffload.connector.store import HEADER_SIZE, ChunkStore, Layout, checksum
+from pytest_kvoffload.connector.chunk_format import HEADER_SIZE, Layout, checksum
+from pytest_kvoffload.connector.store import ChunkStore
 
 LAYOUT = Layout(layers=4, blocks=2, block_bytes=8192)
 KEY = "00112233445566778899aabbccddeeff"

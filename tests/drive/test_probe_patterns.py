@@ -32,7 +32,8 @@ def test_the_drive_probe_also_writes_over_its_file_and_the_store_over_free_files
 
 
 def test_leave_free_leaves_as_many_free_files_as_asked(tmp_path):
-    from pytest_kvoffload.connector.store import ChunkStore, Layout
+    from pytest_kvoffload.connector.chunk_format import Layout
+    from pytest_kvoffload.connector.store import ChunkStore
     from pytest_kvoffload.drive.probe import leave_free
 
     store = ChunkStore(tmp_path, "probe", Layout(1, 1, 4096), keep_free=10)
@@ -69,7 +70,7 @@ def test_the_drive_alone_in_bursts_is_timed_without_the_gaps_both_ways_and_leave
 
 def test_the_connectors_save_path_alone_in_bursts_is_timed_by_its_own_counters_and_leaves_nothing(tmp_path):
     from pytest_kvoffload.connector.io_memory import padded
-    from pytest_kvoffload.connector.store import HEADER_SIZE
+    from pytest_kvoffload.connector.chunk_format import HEADER_SIZE
     from pytest_kvoffload.drive.worker_probe import probe_worker_bursts
 
     burst, gap_s, chunk_tokens, per_token = 3, 0.05, 32, 512

@@ -160,6 +160,7 @@ BAD_DISK_OPTS = {
     "io_threads": ("abc", "io_threads 'abc' must be a whole number of threads"),
     "io_slice_us": ("50", "io_slice_us 50 must be 0 (the kernel's default) or 100 to 100000"),
     "idle_wait_ms": ("-1", "idle_wait_ms -1.0 must be 0 (never wait) to 1000"),
+    "load_io": ("uring", "load_io 'uring' must be 'aio' (native AIO, one thread) or 'threads' (load_threads threads)"),
     "load_cpus": ("some", "load_cpus 'some' must be 'worker' (the worker's CPUs) or 'all' (every CPU)"),
     "save_cpus": ("both", "save_cpus 'both' must be 'worker' (the worker's CPUs) or 'all' (every CPU)"),
     "load_threads": ("1", "load_threads 1 must be at least io_threads (2): that many read at once"),
