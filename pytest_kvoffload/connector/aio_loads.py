@@ -94,9 +94,8 @@ def available() -> bool:
 
 
 class AioLoads:
-    """One load's chunks read with `io_threads` reads queued, each checked and scattered as it completes.
-
-    Only the one thread that calls `load` may use it (worker.py gives it a pool of one thread)."""
+    """Loads, one at a time, with `io_threads` reads queued, each chunk checked and scattered as it
+    completes. Only one thread may call `load` (worker.py gives it a pool of one thread)."""
 
     def __init__(self, store, io_threads: int) -> None:
         self.store = store

@@ -53,10 +53,10 @@ class WorkerSide:
         self.layers: list[torch.Tensor] = []
         self.stacked: torch.Tensor | None = None  # every layer as one view, where they allow it (stacked_layers)
         self.store: ChunkStore | None = None
-        # Loads and saves get threads of their own: a load must never queue behind another request's saves. io_threads
-        # reads in flight, as the drive reference has them (drive/beside.py), by load_threads threads: while one checks
-        # a chunk and scatters it into the cache (0.4 ms of CPU a 1 MiB chunk alone, 0.6 to 0.7 in the server, against
-        # 0.7 ms of the drive's time), another's read keeps the drive busy.
+        # Loads and saves get threads of their own: a load must never queue behind another request's saves. Without AIO
+        # (load_io=threads; CUDA) io_threads reads are in flight, as the drive reference has them, by load_threads
+        # threads: while one checks a chunk and scatters it into the cache (0.4 ms of CPU a 1 MiB chunk alone, 0.6 to
+        # 0.7 in the server, against 0.7 ms of the drive's time), another's read keeps the drive busy.
         self._read_slots = ReadSlots(config.io_threads)
         self.load_pool = ThreadPoolExecutor(max_workers=config.load_threads or 2 * config.io_threads,
                                             thread_name_prefix=LOAD_THREADS,
