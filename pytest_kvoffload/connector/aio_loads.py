@@ -55,6 +55,8 @@ class ReadRing:
             errno = ctypes.get_errno()
             raise OSError(errno, f"io_setup: {os.strerror(errno)}")
         self._iocbs = [_Iocb() for _ in range(depth)]
+        # io_submit takes an array of iocb pointers: one array per tag, made once, not on every read.
+        self._pointers = [(ctypes.POINTER(_Iocb) * 1)(ctypes.pointer(iocb)) for iocb in self._iocbs]
         self._events = (_Event * depth)()
         self.depth = depth
 
@@ -64,8 +66,7 @@ class ReadRing:
         iocb = self._iocbs[tag]
         ctypes.memset(ctypes.addressof(iocb), 0, ctypes.sizeof(iocb))
         iocb.data, iocb.opcode, iocb.fildes, iocb.buf, iocb.nbytes = tag, _PREAD, fd, address, nbytes
-        pointers = (ctypes.POINTER(_Iocb) * 1)(ctypes.pointer(iocb))
-        if self._libc.syscall(self._submit, self._context, 1, pointers) != 1:
+        if self._libc.syscall(self._submit, self._context, 1, self._pointers[tag]) != 1:
             errno = ctypes.get_errno()
             raise OSError(errno, os.strerror(errno))
 
