@@ -7,6 +7,8 @@ on Ctrl-C and on SIGTERM (see harness/plugin.py), and `ServerPool.stop_all` is i
 
 from __future__ import annotations
 
+import getpass
+import os
 import re
 import shutil
 import subprocess
@@ -21,6 +23,22 @@ from pytest_kvoffload.serve.companion import Companion
 from pytest_kvoffload.serve.metrics import Snapshot
 from pytest_kvoffload.serve.processes import (log_tail, remove_left_shared_memory, shared_memory_files, start_in_group,
                                               stop_group, unlink_all, wait_until_quiet)
+
+
+def own_temp_env(env: dict[str, str], folder: str) -> dict[str, str]:
+    """The variables that keep a server's temporary files in `folder`, its own, removed with it (TMPDIR is
+    set beside them; `folder` itself is made in the user's TMPDIR). vLLM leaves there its ZMQ socket files
+    (7 a server on the CPU build: 2,900 in /tmp after some weeks of runs) and torch's file rendezvous,
+    vllm_dist_<uuid> (one a server: 638). Inductor's cache, which lives there by default, stays where it
+    was, so that servers still share what they compiled (the CPU build's servers get it under vLLM's cache
+    root: compile_cache.py). A user's own VLLM_RPC_BASE_PATH and TORCHINDUCTOR_CACHE_DIR win."""
+    try:
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    inductor = os.path.join(tempfile.gettempdir(), "torchinductor_" + user)  # torch's default_cache_dir
+    return {key: value for key, value in (("VLLM_RPC_BASE_PATH", folder), ("TORCHINDUCTOR_CACHE_DIR", inductor))
+            if key not in env}
 
 
 class ServerStartError(RuntimeError):
@@ -40,7 +58,7 @@ class VllmServer(Endpoint):
         self.log_path = log_path
         self.companion = companion
         self.proc: subprocess.Popen | None = None
-        self.rpc_dir: str | None = None
+        self.temp_dir: str | None = None  # the server's own temporary folder (own_temp_env), removed in stop()
 
     @property
     def pgid(self) -> int | None:
@@ -51,11 +69,8 @@ class VllmServer(Endpoint):
         # up, 15 s or more into its start-up, while LMCache's server is ready after 3 to 5 s.
         if self.companion is not None:
             self.companion.start()
-        if "VLLM_RPC_BASE_PATH" not in self.env:
-            # vLLM binds its processes' ZMQ sockets as files named by UUID in this folder (/tmp unset) and
-            # leaves them there: 7 a server on the CPU build, 2,900 in /tmp after some weeks of runs.
-            self.rpc_dir = tempfile.mkdtemp(prefix="kvoffload-rpc-")
-            self.env = {**self.env, "VLLM_RPC_BASE_PATH": self.rpc_dir}
+        self.temp_dir = tempfile.mkdtemp(prefix="kvoffload-server-")
+        self.env = {**own_temp_env(self.env, self.temp_dir), **self.env, "TMPDIR": self.temp_dir}
         self.proc = start_in_group(self.argv, self.env, self.log_path)
 
     def failure(self, during: str) -> str | None:
@@ -115,9 +130,9 @@ class VllmServer(Endpoint):
                 companion.terminate()  # both wind down at once: LMCache's server takes 3 to 4 s
             shared |= stop_group(self.proc, grace)
             remove_shared_regions(self.log_path)
-        if self.rpc_dir is not None:
-            shutil.rmtree(self.rpc_dir, ignore_errors=True)
-            self.rpc_dir = None
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.temp_dir = None
         if companion is not None:
             companion.stop()
         remove_left_shared_memory(shared)

@@ -27,7 +27,7 @@ def test_fails_while_the_server_runs(kv_server):
     shared = sorted(set().union(*(shared_memory_files(pgid) for pgid in groups)))
     pathlib.Path("server.json").write_text(__import__("json").dumps(
         {"pgid": kv_server.pgid, "pid": kv_server.proc.pid, "groups": groups, "shared": shared,
-         "rpc": kv_server.rpc_dir, "rpc_files": os.listdir(kv_server.rpc_dir)}))
+         "temp": kv_server.temp_dir, "temp_files": os.listdir(kv_server.temp_dir)}))
     assert False, "planned failure"
 
 def test_still_running_when_interrupted(kv_server):
@@ -70,8 +70,10 @@ def test_failed_test_then_ctrl_c_leaves_no_server_process(pytester):
     assert not any(group_has_live_members(pgid) for pgid in server["groups"]), "processes outlived the session"
     assert not os.path.exists(f"/proc/{server['pid']}")
     assert not [path for path in server["shared"] if os.path.exists(path)], "shared memory outlived the session"
-    # vLLM's ZMQ socket files: the server's own folder held them (the control), and went with it.
-    assert server["rpc_files"] and not os.path.exists(server["rpc"]), server
+    # vLLM's ZMQ socket files and torch's rendezvous file: the server's own folder held them (the control),
+    # and went with it.
+    assert any(name.startswith("vllm_dist_") for name in server["temp_files"]), server
+    assert len(server["temp_files"]) > 1 and not os.path.exists(server["temp"]), server
     runs = list((pytester.path / "results").glob("*/run.json"))
     assert len(runs) == 1 and json.loads(runs[0].read_text())["status"] == "partial"
 
@@ -148,20 +150,33 @@ def test_shared_memory_a_killed_server_group_left_is_removed_and_nothing_else(tm
             path.unlink(missing_ok=True)
 
 
-def test_a_servers_socket_folder_goes_with_it_and_a_users_own_is_left_alone(tmp_path):
+def test_a_servers_temporary_folder_goes_with_it_and_a_users_own_settings_win(tmp_path):
     from pytest_kvoffload.serve.server import VllmServer
 
-    command = [sys.executable, "-c", "import time; time.sleep(60)"]
-    server = VllmServer("fake", command, dict(os.environ), 1, tmp_path / "log", "m")
+    # The fake server reports where its temporary files would go.
+    command = [sys.executable, "-c", "import os, tempfile, time; open(os.environ['REPORT'], 'w').write("
+               "tempfile.gettempdir() + ' ' + os.environ.get('TORCHINDUCTOR_CACHE_DIR', '-')); time.sleep(60)"]
+    report = tmp_path / "report"
+    server = VllmServer("fake", command, dict(os.environ, REPORT=str(report)), 1, tmp_path / "log", "m")
     server.start()
-    folder = server.rpc_dir
+    folder = server.temp_dir
     assert server.env["VLLM_RPC_BASE_PATH"] == folder and os.path.isdir(folder)
+    deadline = time.monotonic() + 30
+    while (not report.exists() or not report.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    temp, inductor = report.read_text().split()
+    # Inductor's cache stays where torch puts it by default, shared by the servers.
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    assert temp == folder and inductor == default_cache_dir(), (temp, inductor)
     Path(folder, "socket-left-by-vllm").touch()
     server.stop(grace=5)
     assert not os.path.exists(folder)
     own = tmp_path / "own"
     own.mkdir()
-    server = VllmServer("fake", command, dict(os.environ, VLLM_RPC_BASE_PATH=str(own)), 1, tmp_path / "log", "m")
+    env = dict(os.environ, REPORT=str(tmp_path / "report2"), VLLM_RPC_BASE_PATH=str(own),
+               TORCHINDUCTOR_CACHE_DIR=str(own))
+    server = VllmServer("fake", command, env, 1, tmp_path / "log", "m")
     server.start()
+    assert server.env["VLLM_RPC_BASE_PATH"] == server.env["TORCHINDUCTOR_CACHE_DIR"] == str(own)
     server.stop(grace=5)
-    assert server.rpc_dir is None and own.is_dir()
+    assert server.temp_dir is None and own.is_dir()
