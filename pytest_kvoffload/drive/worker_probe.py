@@ -129,7 +129,7 @@ def probe_worker_bursts(folder: str | Path, extra: dict, layers: int, block_size
                 if not done.get("save_wall_seconds") or done.get("chunks_written", 0) < len(timed):
                     raise OSError(f"probe worker: chunk writes failed under {root}")
                 writes.append(done["bytes_written"] / done["save_wall_seconds"] / 1e9)
-                for first in range(0, len(timed) if read_burst else 0, read_burst):
+                for first in range(0, len(timed), read_burst) if read_burst else ():
                     keys = timed[first:first + read_burst]
                     side.start_load_kv(KVOffloadMetadata(loads=[LoadJob(f"load-{first}", [
                         ChunkBlocks(key, [(j, c * per_chunk + j) for j in range(per_chunk)])

@@ -92,6 +92,11 @@ def test_the_connectors_save_path_alone_in_bursts_is_timed_by_its_own_counters_a
     # The caller's binding and torch threads back as they were.
     assert os.sched_getaffinity(0) == affinity and torch.get_num_threads() == torch_threads
     assert list(tmp_path.iterdir()) == []
+    # Writes alone (read_burst 0, the default): no loads, and no read figure.
+    writes_only = probe_worker_bursts(tmp_path, {"chunk_tokens": chunk_tokens, "io_threads": 2}, 2, 16, per_token, 2,
+                                      burst, 0.0, total_bytes=burst * result.file_bytes, repeats=1)
+    assert writes_only.write_gbps > 0 and "; read" not in writes_only.describe()
+    assert list(tmp_path.iterdir()) == []
     with pytest.raises(NotADirectoryError, match="not a folder"):
         probe_worker_bursts(tmp_path / "nowhere", {}, 2, 16, per_token, 2, 2, 0.0)
 
