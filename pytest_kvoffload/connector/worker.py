@@ -6,10 +6,10 @@ request_finished) until the file is in place. Whole blocks (kv[block_id]) are co
 on the CPU and GPU cache layouts alike (vLLM 0.33 puts the block dimension first in both).
 What to keep and what to remove is the scheduler's index's (index.ChunkIndex) to say: the worker carries out
 its deletions, and reports back every finished load, every write and every chunk it found damaged.
-On the CPU build a step's saves are gathered by the step's own thread (wait_for_save), up to a bound on
-the memory held, the I/O threads only write, chunk buffers sit on huge pages (io_memory.py), and loads run on
-native AIO where the kernel has it (aio_loads.py, load_io). On CUDA each
-I/O thread's chunk buffer is pinned host memory, page-aligned for O_DIRECT, copied on that thread's stream.
+On the CPU build a step's saves are gathered and sealed by the step's own thread (wait_for_save), up to a bound
+on the memory held, the I/O threads only write, chunk buffers sit on huge pages (io_memory.py), and loads run
+on native AIO where the kernel has it (aio_loads.py, load_io). On CUDA each I/O thread's chunk buffer is pinned
+host memory, page-aligned for O_DIRECT, copied on that thread's stream.
 """
 
 from __future__ import annotations
@@ -58,8 +58,7 @@ class WorkerSide:
         # threads: while one checks a chunk and scatters it into the cache (0.4 ms of CPU a 1 MiB chunk alone, 0.6 to
         # 0.7 in the server, against 0.7 ms of the drive's time), another's read keeps the drive busy.
         self._read_slots = ReadSlots(config.io_threads)
-        self.load_pool = ThreadPoolExecutor(max_workers=config.load_threads or 2 * config.io_threads,
-                                            thread_name_prefix=LOAD_THREADS,
+        self.load_pool = ThreadPoolExecutor(config.load_threads or 2 * config.io_threads, LOAD_THREADS,
                                             initializer=self._start_io_thread, initargs=(LOAD_THREADS,))
         self.save_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix=SAVE_THREADS,
                                             initializer=self._start_io_thread, initargs=(SAVE_THREADS,))
@@ -160,9 +159,9 @@ class WorkerSide:
             # The side stream must not read blocks before this step's forward has written them.
             ready = torch.cuda.Event()
             ready.record()
-        # The CPU build: the step's own thread gathers the chunks now, while the blocks the forward just wrote
-        # are in its caches, so the I/O threads (which share the forward's core there) only write. Up to a
-        # bound on the memory held; past it a chunk is gathered by its I/O thread, as on CUDA.
+        # The CPU build: the step's own thread gathers and seals (_gather) the chunks now, while the blocks the
+        # forward just wrote are in its caches, so the I/O threads (which share the forward's core there) only
+        # write. Up to a bound on the memory held; past it a chunk is gathered by its I/O thread, as on CUDA.
         gathered = [self._gather_now(job) for job in meta.saves] if self.step_buffers else [None] * len(meta.saves)
         started, batch = time.perf_counter(), []
         for i, job in enumerate(meta.saves):
@@ -336,7 +335,7 @@ class WorkerSide:
         copy_runs(self.layers, self.stacked, src, index, ids, into_cache=True)
 
     def _gather_now(self, job: SaveJob) -> np.ndarray | None:
-        """Gather a chunk on the calling (step's) thread into a held buffer; None past the bound."""
+        """Gather and seal a chunk on the calling (step's) thread into a held buffer; None past the bound."""
         buffer = self.step_buffers.take()
         if buffer is not None:
             self._gather(job, None, buffer)
@@ -359,7 +358,7 @@ class WorkerSide:
             if buffer is None:
                 buffer = self._buffer()
                 self._gather(job, ready, buffer)
-            written = self.store.write(job.key, buffer, first_block=job.first_block, block_keys=job.block_keys)
+            written = self.store.write(job.key, buffer, job.first_block, job.block_keys, sealed=True)
         finally:
             if gathered is not None:
                 self.step_buffers.give_back(gathered)
@@ -370,7 +369,7 @@ class WorkerSide:
         return written, time.perf_counter(), size
 
     def _gather(self, job: SaveJob, ready, buffer: np.ndarray) -> None:
-        """Copy the chunk's blocks of every layer from the cache into `buffer`'s payload."""
+        """Copy the chunk's blocks of every layer from the cache into `buffer`'s payload, then seal it (store.seal)."""
         started = time.perf_counter()
         dst = self._views(buffer, len(job.block_ids))
         if self._cuda:
@@ -386,6 +385,7 @@ class WorkerSide:
             copy_runs(self.layers, self.stacked, dst, range(len(job.block_ids)), job.block_ids, into_cache=False)
         # The gather's share of a save, beside save_seconds (the file write): where a slow save's time goes.
         self.counters.add("save_copy_seconds", time.perf_counter() - started)
+        self.store.seal(job.key, buffer, job.first_block, job.block_keys)
 
     def shutdown(self) -> None:
         self.load_pool.shutdown(wait=True, cancel_futures=False)

@@ -1,5 +1,6 @@
-"""The CPU build's in-step gathers (worker.py): a step's chunks are copied from the cache before
-wait_for_save returns, up to a bound on the memory held, and the rest by their I/O threads."""
+"""The CPU build's in-step gathers (worker.py): a step's chunks are copied from the cache and sealed (header
+and checksum) before wait_for_save returns, up to a bound on the memory held, and the rest by their I/O
+threads."""
 
 import threading
 import time
@@ -16,14 +17,20 @@ BLOCKS = 12
 
 
 def loaded_back(side, key, blocks):
-    """Load chunk `key` into `blocks` and return those blocks of every layer."""
+    """Load chunk `key` into `blocks` and return those blocks of every layer. The load must pass the store's
+    checks: the scatter runs before the checksum, so a chunk sealed wrong still lands its bytes."""
     side.start_load_kv(KVOffloadMetadata(loads=[LoadJob("r", [ChunkBlocks(key, list(enumerate(blocks)))], sync=True)]))
+    assert not side.block_ids_with_load_errors(), f"chunk {key} failed the store's checks"
     return [layer[blocks].clone() for layer in side.layers]
 
 
-def test_chunks_up_to_the_bound_are_copied_in_the_step_and_the_rest_by_their_threads(tmp_path, monkeypatch):
+def test_chunks_up_to_the_bound_are_copied_and_sealed_in_the_step_and_the_rest_by_their_threads(tmp_path,
+                                                                                                monkeypatch):
     monkeypatch.setattr(worker_module, "GATHER_AHEAD_BYTES", 0)  # the bound: one chunk per I/O thread
     side = worker(tmp_path, BLOCKS)
+    sealed_by, seal = {}, side.store.seal
+    monkeypatch.setattr(side.store, "seal", lambda key, *args: (
+        sealed_by.__setitem__(key, threading.current_thread().name), seal(key, *args))[1])
     assert side.step_buffers.limit == 2
     before = [layer.clone() for layer in side.layers]
     # Hold both save threads so that nothing is written until the cache has changed under the saves.
@@ -45,6 +52,9 @@ def test_chunks_up_to_the_bound_are_copied_in_the_step_and_the_rest_by_their_thr
         got = loaded_back(side, key, [8, 9])
         want = [layer[blocks] for layer in before] if i < 2 else [torch.full_like(before[0][blocks], 7.0)] * 2
         assert all(torch.equal(g, w) for g, w in zip(got, want)), f"chunk {i}"
+    # Each sealed once, on the thread that gathered it (the loads above found every checksum right).
+    assert [sealed_by[key] == threading.current_thread().name for key in keys] == [True, True, False, False]
+    assert all(sealed_by[key].startswith(worker_module.SAVE_THREADS) for key in keys[2:]), sealed_by
     assert side.step_buffers.out == 0  # every buffer came back
     side.shutdown()
 
