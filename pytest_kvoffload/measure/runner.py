@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -23,6 +24,10 @@ TIE_NATS = 0.1
 # How many of the recompute's likeliest tokens come back with their logprobs. Seen in bf16: three
 # tokens within 0.031 nats, the hit taking the third; two candidates could not see that tie.
 TIE_CANDIDATES = 5
+# The longest wait for a tier's stores to settle before its hit (Backend.tier_settled). LMCache's server
+# completed the 8 MiB store of a 2,048-token prompt within a request's time, so 10 s leaves room for a slow
+# drive; past it the hit is measured anyway and its load proof says where it came from.
+SETTLE_S = 10.0
 
 
 def first_difference(got: list[int], want: list[int], want_top: list[dict[int, float]] | None = None) -> str | None:
@@ -70,7 +75,20 @@ def place_in_tier_only(endpoint: Endpoint, backend: Backend, tokens: list[int],
     if backend.evict_connector:
         # vLLM holds promotions from the file tier until the reset is flushed by a step: run one.
         stream_completion(endpoint, [1 + i for i in range(8)])
+    if backend.tier_settled is not None:
+        wait_until_settled(endpoint, backend.tier_settled)
     return results
+
+
+def wait_until_settled(endpoint: Endpoint, settled: Callable[[dict], bool], deadline_s: float = SETTLE_S) -> bool:
+    """Until `settled` holds of the server's counters, `deadline_s` at most; whether it did. Past the deadline
+    the hit is measured all the same, and its load_proof says where it was served from."""
+    end = time.monotonic() + deadline_s
+    while not settled(endpoint.metrics().extra):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 class CellRunner:

@@ -82,6 +82,10 @@ class Backend:
     # tokens expected from the tier, KV bytes per token) -> None, or what is wrong. vLLM's per-source
     # counter moves when the scheduler accepts external tokens, even when every load then fails.
     load_proof: Callable[[dict, int, int], str | None] | None = None
+    # Whether the tier holds what was stored and nothing above it does yet, from the server's counters (totals):
+    # a tier whose stores complete after the request returns (LMCache's server) is waited for before a tier
+    # hit is measured (measure/runner.place_in_tier_only). None: the tier is settled when the request returns.
+    tier_settled: Callable[[dict], bool] | None = None
     # The tier that serves a prompt's last KV block, which the engine's own cache never serves; None when
     # the backend's connector, like the engine, leaves it to be computed (prompts.expected_cached).
     last_block_source: str | None = None

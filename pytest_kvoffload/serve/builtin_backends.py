@@ -185,6 +185,7 @@ def builtin_backends() -> list[Backend]:
             last_block_source="external_unspecified",
             serves_all_but_last_token=True,
             load_proof=lmcache.load_proof,
+            tier_settled=lmcache.tier_settled,
             started_facts=lmcache.started_facts,
             # LMCache indexes its files when its server starts: each start begins with an empty folder.
             reset_tier=lambda ctx: _empty_folder(lmcache.l2_folder(ctx.scratch)),

@@ -27,6 +27,10 @@ SERVER_MODULE = "lmcache.v1.multiprocess.server"
 READY_LINE = b"LMCache cache server is running..."
 # Its counters: chunks loaded from L2 (the fs tier) into its staging memory, on their way to vLLM.
 L2_LOADED_CHUNKS = "lmcache_mp_l2_prefetch_load_completed_chunks_total"
+# Its stores to the disk tier (L2), submitted and completed, and its DRAM tier's (L1) writes and evictions.
+L2_STORE_SUBMITTED, L2_STORE_COMPLETED = ("lmcache_mp_l2_store_submitted_objects_chunks_total",
+                                          "lmcache_mp_l2_store_completed_objects_chunks_total")
+L1_WRITTEN, L1_EVICTED = "lmcache_mp_l1_write_chunks_total", "lmcache_mp_l1_evicted_chunks_total"
 METRIC_PREFIXES = ("lmcache_mp_",)
 # KV moved by the server (STORE/RETRIEVE over CUDA IPC, or POSIX shared memory on a CPU), not by vLLM.
 TRANSFER_MODE = "lmcache_driven"
@@ -88,6 +92,16 @@ def load_proof(counters: dict, tokens: int, kv_bytes_per_token: int) -> str | No
         return (f"LMCache's server loaded {chunks} chunks ({chunks * CHUNK_TOKENS * kv_bytes_per_token:,} bytes at "
                 f"most) from its disk tier, less than the {tokens * kv_bytes_per_token:,} that {tokens} tokens need")
     return None
+
+
+def tier_settled(counters: dict) -> bool:
+    """No store to the disk tier in flight and nothing left in L1 (LMCache's server counters, as totals):
+    a request then finds its chunks in the files alone. The server stores to L2 after the request that
+    computed them has returned, and skip_l1 evicts a chunk from L1 once it is stored there; a tier hit sent
+    before that was served from L1 (b45, 2026-12-03: the 2,048 x 1 cell's second round found 8 chunks in
+    L1 while the store completed beside it)."""
+    return (counters.get(L2_STORE_COMPLETED, 0) >= counters.get(L2_STORE_SUBMITTED, 0)
+            and counters.get(L1_EVICTED, 0) >= counters.get(L1_WRITTEN, 0))
 
 
 # vLLM's lmcache_mp_connector.py loads lmcache's own class when lmcache is installed, its builtin copy
