@@ -158,25 +158,29 @@ def test_a_servers_temporary_folder_goes_with_it_and_a_users_own_settings_win(tm
                "tempfile.gettempdir() + ' ' + os.environ.get('TORCHINDUCTOR_CACHE_DIR', '-')); time.sleep(60)"]
     report = tmp_path / "report"
     server = VllmServer("fake", command, dict(os.environ, REPORT=str(report)), 1, tmp_path / "log", "m")
-    server.start()
-    folder = server.temp_dir
-    assert server.env["VLLM_RPC_BASE_PATH"] == folder and os.path.isdir(folder)
-    deadline = time.monotonic() + 30
-    while (not report.exists() or not report.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    temp, inductor = report.read_text().split()
-    # Inductor's cache stays where torch puts it by default, shared by the servers.
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-    assert temp == folder and inductor == default_cache_dir(), (temp, inductor)
-    Path(folder, "socket-left-by-vllm").touch()
-    server.stop(grace=5)
+    try:
+        server.start()
+        folder = server.temp_dir
+        assert server.env["VLLM_RPC_BASE_PATH"] == folder and os.path.isdir(folder)
+        deadline = time.monotonic() + 30
+        while (not report.exists() or not report.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        temp, inductor = report.read_text().split()
+        # Inductor's cache stays where torch puts it by default, shared by the servers.
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+        assert temp == folder and inductor == default_cache_dir(), (temp, inductor)
+        Path(folder, "socket-left-by-vllm").touch()
+    finally:
+        server.stop(grace=5)  # a failed check above leaves no folder behind either
     assert not os.path.exists(folder)
     own = tmp_path / "own"
     own.mkdir()
     env = dict(os.environ, REPORT=str(tmp_path / "report2"), VLLM_RPC_BASE_PATH=str(own),
                TORCHINDUCTOR_CACHE_DIR=str(own))
     server = VllmServer("fake", command, env, 1, tmp_path / "log", "m")
-    server.start()
-    assert server.env["VLLM_RPC_BASE_PATH"] == server.env["TORCHINDUCTOR_CACHE_DIR"] == str(own)
-    server.stop(grace=5)
+    try:
+        server.start()
+        assert server.env["VLLM_RPC_BASE_PATH"] == server.env["TORCHINDUCTOR_CACHE_DIR"] == str(own)
+    finally:
+        server.stop(grace=5)
     assert server.temp_dir is None and own.is_dir()
