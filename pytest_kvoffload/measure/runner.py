@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from pytest_kvoffload.serve.backends import Backend
 from pytest_kvoffload.measure.cells import Cell, Expectation, State, expectation
-from pytest_kvoffload.serve.client import Endpoint, RequestResult, attach_sources, measure, stream_completion
+from pytest_kvoffload.serve.client import (Endpoint, RequestResult, attach_sources, measure, poll_metrics,
+                                           stream_completion)
 from pytest_kvoffload.serve.metrics import Snapshot
 from pytest_kvoffload.measure.prompts import Prompt, make_prompt
 from pytest_kvoffload.measure.context import Recorder
@@ -83,12 +83,7 @@ def place_in_tier_only(endpoint: Endpoint, backend: Backend, tokens: list[int],
 def wait_until_settled(endpoint: Endpoint, settled: Callable[[dict], bool], deadline_s: float = SETTLE_S) -> bool:
     """Until `settled` holds of the server's counters, `deadline_s` at most; whether it did. Past the deadline
     the hit is measured all the same, and its load_proof says where it was served from."""
-    end = time.monotonic() + deadline_s
-    while not settled(endpoint.metrics().extra):
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.02)
-    return True
+    return poll_metrics(endpoint, lambda after: settled(after.extra), deadline_s, every_s=0.02)[1]
 
 
 class CellRunner:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import requests
 
@@ -154,17 +155,27 @@ def stream_completion(endpoint: Endpoint, prompt: list[int], max_tokens: int = 1
     )
 
 
+def poll_metrics(endpoint: Endpoint, done: Callable[[Snapshot], bool], deadline_s: float,
+                 every_s: float) -> tuple[Snapshot, bool]:
+    """The server's metrics once `done` holds of them, read every `every_s`, or the last read past
+    `deadline_s`; and whether it held."""
+    end = time.monotonic() + deadline_s
+    while True:
+        after = endpoint.metrics()
+        if done(after):
+            return after, True
+        if time.monotonic() > end:
+            return after, False
+        time.sleep(every_s)
+
+
 def settled_snapshot(endpoint: Endpoint, before: Snapshot, prompt_tokens: int, deadline_s: float = 5.0) -> Snapshot:
     """Metrics after a request, once its prompt tokens have been counted.
 
     vLLM updates its counters from the engine's stats loop, which can trail the response slightly.
     """
-    end = time.monotonic() + deadline_s
-    while True:
-        after = endpoint.metrics()
-        if after.prompt_tokens - before.prompt_tokens >= prompt_tokens or time.monotonic() > end:
-            return after
-        time.sleep(0.05)
+    return poll_metrics(endpoint, lambda after: after.prompt_tokens - before.prompt_tokens >= prompt_tokens,
+                        deadline_s, every_s=0.05)[0]
 
 
 def measure(endpoint: Endpoint, prompt: list[int], max_tokens: int = 1, logprobs: int | None = None) -> RequestResult:
@@ -181,4 +192,4 @@ def attach_sources(endpoint: Endpoint, before: Snapshot, result: RequestResult) 
     result.connector = {k: v for k, v in delta.extra.items() if v}
 
 
-__all__ = ["RequestResult", "RequestError", "stream_completion", "measure", "attach_sources", "PROMPT_TOKENS"]
+__all__ = ["RequestResult", "RequestError", "stream_completion", "measure", "attach_sources", "poll_metrics", "PROMPT_TOKENS"]
