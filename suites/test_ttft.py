@@ -1,9 +1,11 @@
 """TTFT per backend across prompt lengths and cached fractions: cold, engine hit, tier hit.
 
 Each cell is one test; its rounds go through pytest-benchmark, and every request is checked against
-vLLM's per-source cache counters, so a "hit" that came from the wrong place fails its cell. After the grid,
-the side-by-side table's close calls (kvoffload-disk against another tier where the grid's rounds cannot
-tell whether it meets its target) are measured again in interleaved rounds (measure/close_calls.py).
+vLLM's per-source cache counters, so a "hit" that came from the wrong place fails its cell. Right after
+each other tier backend's cells (marker kv_after_cells), the side-by-side table's close calls against it
+(kvoffload-disk against that tier where the grid's rounds cannot tell whether it meets its target) are
+measured again in interleaved rounds (measure/close_calls.py), on the two servers that measured the grid:
+kvoffload-disk's, measured first, stays up (serve/server.ServerPool.keep).
 """
 
 import pytest
@@ -17,14 +19,30 @@ def test_ttft(kv_cell, kv_measure):
     assert len(outcome.results) >= 1
 
 
-def test_side_by_side_close_calls(kv_session):
-    names = [n for n in kv_session.settings.backends if not kv_session.registry.get(n).unavailable_reason()]
-    if OURS not in names or len(names) < 2:
-        pytest.skip(f"needs {OURS} and another tier backend in the run")
-    backends = {n: kv_session.registry.get(n) for n in names}
-    settled = close_calls.settle_all(kv_session.recorder, kv_session.servers, backends, OURS)
+def targeted(kv_session) -> list[str]:
+    """The run's user-facing tier backends other than ours that a target applies to, in the run's order."""
+    registry = kv_session.registry
+    return [n for n in kv_session.settings.backends if n != OURS and not registry.get(n).unavailable_reason()
+            and registry.get(n).user_facing and registry.get(n).tier in close_calls.TARGET_TIERS]
+
+
+@pytest.mark.kv_after_cells
+def test_side_by_side_close_calls(kv_session, kv_backend):
+    others = targeted(kv_session)
+    if kv_backend.name not in others:
+        pytest.skip(f"close calls compare {OURS} with another disk or DRAM tier backend")
+    if OURS not in kv_session.settings.backends or not kv_session.cells(OURS):
+        pytest.skip(f"needs {OURS}'s cells measured in this run before {kv_backend.name}'s")
+    done = kv_session.benchmark(CLOSE_CALLS).get("cells", [])
+    most = close_calls.share(close_calls.MOST, len(done), len(others) - others.index(kv_backend.name))
+    backends = {n: kv_session.registry.get(n) for n in (OURS, kv_backend.name)}
+    settled = close_calls.settle_all(kv_session.recorder, kv_session.servers, backends, OURS, only=kv_backend.name,
+                                     most=most)
     if not settled:
-        pytest.skip("no close calls: the grid's rounds decided every target")
-    kv_session.add_benchmark(CLOSE_CALLS, close_calls.render(settled, OURS), {"cells": settled})
+        pytest.skip(f"no close calls against {kv_backend.name}: " + (
+            "the grid's rounds decided every target" if most else
+            f"the run's {close_calls.MOST} were settled before its cells; its rows keep the grid's verdict"))
+    everything = done + settled
+    kv_session.add_benchmark(CLOSE_CALLS, close_calls.render(everything, OURS), {"cells": everything})
     failures = [f for s in settled for f in s["failures"]]
     assert not failures, "; ".join(failures[:3])

@@ -19,6 +19,7 @@ from pytest_kvoffload.measure.context import Recorder, Servers
 from pytest_kvoffload.harness.distributed import merge_runs, worker_records
 from pytest_kvoffload.serve.metrics import histograms, merge_histograms
 from pytest_kvoffload.core.progress import Say, print_line
+from pytest_kvoffload.record.report import OURS
 from pytest_kvoffload.record.run_record import RunWriter
 from pytest_kvoffload.record.results import compute_results
 from pytest_kvoffload.record.run_files import write_run_files
@@ -57,6 +58,9 @@ class KVSession:
         # An A/B run keeps its two servers up together (on a GPU each with half the memory, serve/backends.py).
         self.pool = ServerPool(max_running=2 if settings.ab or not machine.has_cuda() else 1,
                                before_stop=self.keep_histograms)
+        # Ours stays up while the other backends' cells run, so that each one's close calls (suites/test_ttft.py)
+        # are settled right after its cells on the two servers that measured them, with no restart of either.
+        self.pool.keep = frozenset({OURS})
         self._writer: RunWriter | None = None
         # Each backend's prefill speed, measured at its server's start (measure/prefill_speed.py), and the grid's lengths
         # that fit the prefill budget, decided once from the first server measured so every backend

@@ -33,6 +33,8 @@ ROUNDS = 5
 # Close calls settled per run, nearest the bound first. make benches had 1, 2, 4 and 6 (of 16 rows); b30's 6,
 # with two restarts on a slow machine, took make bench to 14:41 of its 15 minutes.
 MOST = 4
+# The tiers a target applies to (core/tier_target.py): a disk tier, and a DRAM (host) one.
+TARGET_TIERS = ("disk", "host")
 
 
 @dataclass(frozen=True)
@@ -113,14 +115,25 @@ def grouped(calls: list[CloseCall], running=lambda name: False) -> list[CloseCal
     return sorted(calls, key=lambda call: (not running(call.other), first[call.other]))
 
 
-def settle_all(recorder: Recorder, servers: Servers, backends: dict, ours: str) -> list[dict]:
+def share(most: int, used: int, others_left: int) -> int:
+    """The close calls one other backend may settle: an equal part of what the run has left (`most` less the
+    `used`) among the `others_left` backends still to settle, this one included; a backend with fewer
+    leaves the rest to those after it."""
+    return max(0, most - used) // max(1, others_left)
+
+
+def settle_all(recorder: Recorder, servers: Servers, backends: dict, ours: str, only: str | None = None,
+               most: int = MOST) -> list[dict]:
     """Every close call of the run's grid so far between `ours` and the other user-facing tier backends
-    (`backends`: name -> Backend, those this run measures), settled one after another."""
+    (`backends`: name -> Backend, those this run measures), or `only` that one, `most` at most, settled
+    one after another."""
     cells = recorder.cells()
     others = sorted({c["backend"] for c in cells if c["state"] == State.TIER_HIT.value and c["backend"] != ours
-                     and c["backend"] in backends and backends[c["backend"]].user_facing})
+                     and c["backend"] in backends and backends[c["backend"]].user_facing
+                     and (only is None or c["backend"] == only)})
     drive = (recorder.environment().get("drive") or {}).get("read_gbps")
-    calls = grouped(close_calls(cells, ours, others, recorder.settings.kv_bytes_per_token, drive), servers.running)
+    calls = grouped(close_calls(cells, ours, others, recorder.settings.kv_bytes_per_token, drive, most),
+                    servers.running)
     settled = []
     for n, call in enumerate(calls, 1):
         recorder.progress(f"side by side: close call {n} of {len(calls)}, {ours} and {call.other} at "
@@ -140,4 +153,5 @@ def render(settled: list[dict], ours: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MOST", "ROUNDS", "CloseCall", "close_calls", "engine_drift", "grouped", "render", "settle", "settle_all"]
+__all__ = ["MOST", "ROUNDS", "TARGET_TIERS", "CloseCall", "close_calls", "engine_drift", "grouped", "render", "settle",
+           "settle_all", "share"]

@@ -186,6 +186,9 @@ class ServerPool:
         self.before_stop = before_stop
         self._servers: dict[str, VllmServer] = {}
         self._failed: dict[str, str] = {}
+        # Servers stopped only when nothing else can make room: the one every other backend is compared
+        # with, so that the comparison runs while the other's server is still up (measure/close_calls.py).
+        self.keep: frozenset[str] = frozenset()
 
     def get(self, key: str, factory: Callable[[], VllmServer], timeout: float,
             progress: Say = lambda message, update=False: None, expected_s: float | None = None) -> VllmServer:
@@ -201,7 +204,7 @@ class ServerPool:
                 raise ServerStartError(problem)
             return server
         while len(self._servers) >= self.max_running:
-            self.release(next(iter(self._servers)))
+            self.release(self._least_needed())
         server = factory()
         self._servers[key] = server
         try:
@@ -215,6 +218,10 @@ class ServerPool:
                 self._failed[key] = str(exc)
             raise
         return server
+
+    def _least_needed(self) -> str:
+        """The server to stop for room: the least recently used one not kept, else the least recently used."""
+        return next((key for key in self._servers if key not in self.keep), next(iter(self._servers)))
 
     def release(self, key: str) -> None:
         server = self._servers.pop(key, None)

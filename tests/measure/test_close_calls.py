@@ -174,3 +174,11 @@ def test_close_calls_of_one_cell_against_two_tiers_use_prompts_of_their_own(monk
         close_calls.settle(None, None, "OURS", "THEIRS", CloseCall(other, 4096, 0.5, 0.0, 0.01))
         purposes.add(rounds.asked[4])
     assert len(purposes) == 2 and "ab" not in purposes
+
+
+def test_the_runs_close_calls_are_shared_among_the_other_backends_in_turn():
+    # Two others: the first gets half; what it leaves goes to the second; none once the run's are used.
+    assert close_calls.share(4, 0, 2) == 2
+    assert close_calls.share(4, 1, 1) == 3 and close_calls.share(4, 2, 1) == 2
+    assert close_calls.share(4, 0, 3) == 1 and close_calls.share(4, 4, 1) == 0 and close_calls.share(4, 6, 1) == 0
+    assert close_calls.share(4, 0, 0) == 4  # a backend counted as none left still gets what is left

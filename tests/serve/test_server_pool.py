@@ -24,6 +24,9 @@ class Server:
     def stop(self):
         self.stopped = True
 
+    def failure(self, during):
+        return None
+
 
 def test_each_running_server_is_read_before_it_stops_and_stops_even_if_reading_fails():
     seen = []
@@ -49,3 +52,26 @@ def test_an_exited_server_is_not_read():
     pool.get("a", lambda: dead, 10)
     pool.stop_all()
     assert dead.stopped and seen == []
+
+
+def test_a_kept_server_stays_up_while_the_others_take_turns():
+    """Ours is kept (session.py): each other backend's server makes room by stopping the last other one,
+    so that close calls run on the two servers that measured the grid; with only kept servers left, the
+    least recently used goes."""
+    pool = ServerPool(max_running=2)
+    pool.keep = frozenset({"ours"})
+    servers = {name: Server() for name in ("ours", "a", "b", "c")}
+    pool.get("ours", lambda: servers["ours"], 10)
+    pool.get("a", lambda: servers["a"], 10)
+    pool.get("ours", lambda: servers["ours"], 10)  # used since: a is now the least recently used
+    pool.get("a", lambda: servers["a"], 10)  # ... and now ours is
+    pool.get("b", lambda: servers["b"], 10)
+    assert servers["a"].stopped and not servers["ours"].stopped
+    pool.get("c", lambda: servers["c"], 10)
+    assert servers["b"].stopped and not servers["ours"].stopped and pool.has("ours") and pool.has("c")
+    solo = ServerPool(max_running=1)
+    solo.keep = frozenset({"ours"})
+    first = Server()
+    solo.get("ours", lambda: first, 10)
+    solo.get("a", lambda: Server(), 10)  # one at a time (a GPU): even a kept server makes room
+    assert first.stopped and solo.has("a")
