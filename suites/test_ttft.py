@@ -10,6 +10,7 @@ kvoffload-disk's, measured first, stays up (serve/server.ServerPool.keep).
 
 import pytest
 
+from pytest_kvoffload.core.tier_target import TARGET_TIERS
 from pytest_kvoffload.measure import close_calls
 from pytest_kvoffload.record.report import CLOSE_CALLS, OURS
 
@@ -23,7 +24,7 @@ def targeted(kv_session) -> list[str]:
     """The run's user-facing tier backends other than ours that a target applies to, in the run's order."""
     registry = kv_session.registry
     return [n for n in kv_session.settings.backends if n != OURS and not registry.get(n).unavailable_reason()
-            and registry.get(n).user_facing and registry.get(n).tier in close_calls.TARGET_TIERS]
+            and registry.get(n).user_facing and registry.get(n).tier in TARGET_TIERS]
 
 
 @pytest.mark.kv_after_cells

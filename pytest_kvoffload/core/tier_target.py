@@ -6,6 +6,10 @@ time the drive takes to deliver the prefix (a drive cannot beat DRAM), with at l
 from __future__ import annotations
 
 TARGET_RATIO = 1.05
+# The tiers a target applies to, as vLLM's per-source counters and the backends name them: a disk tier and a
+# DRAM (host) one. Other tiers (LMCache's, external_unspecified) are shown beside ours without one.
+DISK, DRAM = "disk", "host"
+TARGET_TIERS = (DISK, DRAM)
 
 
 def tier_tokens(cell: dict) -> float:
@@ -18,9 +22,9 @@ def allowance_s(ours: dict, theirs: dict, kv_bytes_per_token: float | None, driv
     bytes at the drive's read rate for a DRAM one; None where no target applies (a tier neither disk nor
     DRAM, or a DRAM tier without a drive figure)."""
     sources = {s for s, v in theirs["sources"].items() if s != "device" and v}
-    if sources == {"disk"}:
+    if sources == {DISK}:
         return 0.0
-    if sources == {"host"} and drive_gbps and kv_bytes_per_token:
+    if sources == {DRAM} and drive_gbps and kv_bytes_per_token:
         return tier_tokens(ours) * kv_bytes_per_token / (drive_gbps * 1e9)
     return None
 
@@ -34,4 +38,4 @@ def enough_tokens(ours: dict, theirs: dict) -> bool:
     return tier_tokens(ours) >= tier_tokens(theirs)
 
 
-__all__ = ["TARGET_RATIO", "allowance_s", "bound_s", "enough_tokens", "tier_tokens"]
+__all__ = ["DISK", "DRAM", "TARGET_RATIO", "TARGET_TIERS", "allowance_s", "bound_s", "enough_tokens", "tier_tokens"]

@@ -33,8 +33,6 @@ ROUNDS = 5
 # Close calls settled per run, nearest the bound first. make benches had 1, 2, 4 and 6 (of 16 rows); b30's 6,
 # with two restarts on a slow machine, took make bench to 14:41 of its 15 minutes.
 MOST = 4
-# The tiers a target applies to (core/tier_target.py): a disk tier, and a DRAM (host) one.
-TARGET_TIERS = ("disk", "host")
 
 
 @dataclass(frozen=True)
@@ -153,5 +151,5 @@ def render(settled: list[dict], ours: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MOST", "ROUNDS", "TARGET_TIERS", "CloseCall", "close_calls", "engine_drift", "grouped", "render", "settle",
+__all__ = ["MOST", "ROUNDS", "CloseCall", "close_calls", "engine_drift", "grouped", "render", "settle",
            "settle_all", "share"]
