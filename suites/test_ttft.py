@@ -22,9 +22,8 @@ def test_ttft(kv_cell, kv_measure):
 
 def targeted(kv_session) -> list[str]:
     """The run's user-facing tier backends other than ours that a target applies to, in the run's order."""
-    registry = kv_session.registry
-    return [n for n in kv_session.settings.backends if n != OURS and not registry.get(n).unavailable_reason()
-            and registry.get(n).user_facing and registry.get(n).tier in TARGET_TIERS]
+    backends = [kv_session.registry.get(n) for n in kv_session.settings.backends if n != OURS]
+    return [b.name for b in backends if not b.unavailable_reason() and b.user_facing and b.tier in TARGET_TIERS]
 
 
 @pytest.mark.kv_after_cells
@@ -37,8 +36,7 @@ def test_side_by_side_close_calls(kv_session, kv_backend):
     done = kv_session.benchmark(CLOSE_CALLS).get("cells", [])
     most = close_calls.share(close_calls.MOST, len(done), len(others) - others.index(kv_backend.name))
     backends = {n: kv_session.registry.get(n) for n in (OURS, kv_backend.name)}
-    settled = close_calls.settle_all(kv_session.recorder, kv_session.servers, backends, OURS, only=kv_backend.name,
-                                     most=most)
+    settled = close_calls.settle_all(kv_session.recorder, kv_session.servers, backends, OURS, most=most)
     if not settled:
         pytest.skip(f"no close calls against {kv_backend.name}: " + (
             "the grid's rounds decided every target" if most else

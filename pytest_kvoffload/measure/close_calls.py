@@ -122,15 +122,13 @@ def share(most: int, used: int, others_left: int) -> int:
     return max(0, most - used) // max(1, others_left)
 
 
-def settle_all(recorder: Recorder, servers: Servers, backends: dict, ours: str, only: str | None = None,
-               most: int = MOST) -> list[dict]:
+def settle_all(recorder: Recorder, servers: Servers, backends: dict, ours: str, most: int = MOST) -> list[dict]:
     """Every close call of the run's grid so far between `ours` and the other user-facing tier backends
-    (`backends`: name -> Backend, those this run measures), or `only` that one, `most` at most, settled
-    one after another."""
+    (`backends`: name -> Backend, those to settle against besides ours), `most` at most, settled one after
+    another."""
     cells = recorder.cells()
     others = sorted({c["backend"] for c in cells if c["state"] == State.TIER_HIT.value and c["backend"] != ours
-                     and c["backend"] in backends and backends[c["backend"]].user_facing
-                     and (only is None or c["backend"] == only)})
+                     and c["backend"] in backends and backends[c["backend"]].user_facing})
     drive = (recorder.environment().get("drive") or {}).get("read_gbps")
     calls = grouped(close_calls(cells, ours, others, recorder.settings.kv_bytes_per_token, drive, most),
                     servers.running)
