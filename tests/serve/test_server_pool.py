@@ -75,3 +75,13 @@ def test_a_kept_server_stays_up_while_the_others_take_turns():
     solo.get("ours", lambda: first, 10)
     solo.get("a", lambda: Server(), 10)  # one at a time (a GPU): even a kept server makes room
     assert first.stopped and solo.has("a")
+
+
+def test_among_the_servers_not_kept_the_least_recently_used_makes_room():
+    pool = ServerPool(max_running=3)
+    pool.keep = frozenset({"ours"})
+    servers = {name: Server() for name in ("ours", "a", "b", "c")}
+    for name in ("ours", "a", "b"):
+        pool.get(name, lambda name=name: servers[name], 10)
+    pool.get("c", lambda: servers["c"], 10)
+    assert servers["a"].stopped and not servers["b"].stopped and not servers["ours"].stopped
