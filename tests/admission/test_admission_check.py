@@ -6,9 +6,11 @@ kind of noise, and judge.py must pass the real rule and fail every planted one, 
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pytest_kvoffload.admission import judge
+from pytest_kvoffload.admission.check import MORE_PROBE_ROUNDS, measured_or_refused
 from pytest_kvoffload.admission.slow_drive import (FRONTIER, SlowDriveError, frontier_drive, frontier_prefixes,
                                                    interpolated_break_even, planted_break_even, ratio, step_tokens)
 from pytest_kvoffload.connector.admission import Admission, FixedAdmission
@@ -16,6 +18,7 @@ from pytest_kvoffload.connector.config import admission_mode
 from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.core.costs import RecomputeFit, TierFit, break_even_prefix
 from pytest_kvoffload.measure.paired import median_bound, verdict, within_cap
+from pytest_kvoffload.record.analysis import fit_recompute
 
 KV = 4096
 RECOMPUTE = RecomputeFit(0.02, 1.8e-4, 0.0)  # this VM in bf16: nearly linear
@@ -112,6 +115,44 @@ def test_the_latency_bound_drive_puts_p_star_at_the_target_with_both_errors_visi
 def test_no_drive_where_the_tier_already_costs_more_than_recompute():
     with pytest.raises(SlowDriveError, match="no latency puts the break-even there"):
         frontier_drive(256, RecomputeFit(0.01, 1e-5, 0.0), 0.5, SPT, judge.CAP)
+
+
+def probe(disturbed_s: float, flat: bool = False):
+    """measure and fit over probe rounds of 384 and 1,280 tokens on a linear CPU, the first round's 384-token
+    cold request `disturbed_s` slower (0f5d785's CI); `flat`: a machine whose prefill is mostly fixed cost."""
+    true = RecomputeFit(0.2, 1e-4, 0.0) if flat else RecomputeFit(0.03, 3e-4, 0.0)
+    measured: list[dict] = []
+
+    def measure(first, end):
+        measured.extend({n: true(n) + (disturbed_s if r == 0 and n == 384 else 0) for n in (384, 1280)}
+                        for r in range(first, end))
+
+    def fit():
+        medians = {n: float(np.median([r[n] for r in measured])) for n in (384, 1280)}
+        return frontier_drive(TARGET, fit_recompute(list(medians), list(medians.values())), 0.03, SPT, judge.CAP)
+    return measure, fit, measured
+
+
+def test_one_disturbed_probe_round_does_not_refuse_the_machine():
+    measure, fit, measured = probe(0.1)
+    said = []
+    measure(0, 2)
+    with pytest.raises(SlowDriveError, match="costs 22% at 0.7 p"):
+        fit()  # the near miss: refusing from the two rounds alone
+    measured.clear()
+    d = measured_or_refused(measure, fit, 2, said.append)
+    assert len(measured) == 2 + MORE_PROBE_ROUNDS and "more probe rounds" in said[0]
+    assert min(d.early_cost, d.late_cost) >= 2 * judge.CAP
+
+
+def test_a_quiet_probe_measures_no_more_rounds_and_a_flat_machine_is_still_refused():
+    measure, fit, measured = probe(0.0)
+    measured_or_refused(measure, fit, 2, pytest.fail)
+    assert len(measured) == 2
+    measure, fit, measured = probe(0.0, flat=True)
+    with pytest.raises(SlowDriveError, match="too flat"):
+        measured_or_refused(measure, fit, 2, lambda line: None)
+    assert len(measured) == 2 + MORE_PROBE_ROUNDS
 
 
 def test_frontier_cells_sit_on_the_right_side_in_whole_blocks():
