@@ -25,6 +25,15 @@ from pytest_kvoffload.serve.processes import (log_tail, remove_left_shared_memor
                                               stop_group, unlink_all, wait_until_quiet)
 
 
+def inductor_folder_name() -> str:
+    """The name torch gives its default inductor cache folder inside TMPDIR (torch's default_cache_dir)."""
+    try:
+        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return "torchinductor_" + user
+
+
 def own_temp_env(env: dict[str, str], folder: str) -> dict[str, str]:
     """The variables that keep a server's temporary files in `folder`, its own, removed with it (TMPDIR is
     set beside them; `folder` itself is made in the user's TMPDIR). vLLM leaves there its ZMQ socket files
@@ -32,13 +41,20 @@ def own_temp_env(env: dict[str, str], folder: str) -> dict[str, str]:
     vllm_dist_<uuid> (one a server: 638). Inductor's cache, which lives there by default, stays where it
     was, so that servers still share what they compiled (the CPU build's servers get it under vLLM's cache
     root: compile_cache.py). A user's own VLLM_RPC_BASE_PATH and TORCHINDUCTOR_CACHE_DIR win."""
-    try:
-        user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())
-    except (KeyError, OSError):
-        user = f"uid_{os.getuid()}"
-    inductor = os.path.join(tempfile.gettempdir(), "torchinductor_" + user)  # torch's default_cache_dir
+    inductor = os.path.join(tempfile.gettempdir(), inductor_folder_name())  # torch's default_cache_dir
     return {key: value for key, value in (("VLLM_RPC_BASE_PATH", folder), ("TORCHINDUCTOR_CACHE_DIR", inductor))
             if key not in env}
+
+
+def share_precompiled_headers(folder: str, env: dict[str, str]) -> None:
+    """Link the server's own TMPDIR/torchinductor_<user> to the inductor cache it shares. Torch keeps its
+    precompiled C++ headers in the default folder whatever TORCHINDUCTOR_CACHE_DIR says
+    (torch/_inductor/codecache.py, _HEADER_DIR): in a TMPDIR of its own every server compiled them again,
+    g++ busy for 4 to 8 s of its warm-up (2-core EPYC, 2026-12-03; docs/servers.md)."""
+    shared = env.get("TORCHINDUCTOR_CACHE_DIR")
+    if shared:
+        os.makedirs(shared, exist_ok=True)
+        os.symlink(shared, os.path.join(folder, inductor_folder_name()))
 
 
 class ServerStartError(RuntimeError):
@@ -71,6 +87,7 @@ class VllmServer(Endpoint):
             self.companion.start()
         self.temp_dir = tempfile.mkdtemp(prefix="kvoffload-server-")
         self.env = {**own_temp_env(self.env, self.temp_dir), **self.env, "TMPDIR": self.temp_dir}
+        share_precompiled_headers(self.temp_dir, self.env)
         self.proc = start_in_group(self.argv, self.env, self.log_path)
 
     def failure(self, during: str) -> str | None:

@@ -184,3 +184,25 @@ def test_a_servers_temporary_folder_goes_with_it_and_a_users_own_settings_win(tm
     finally:
         server.stop(grace=5)
     assert server.temp_dir is None and own.is_dir()
+
+
+def test_a_server_finds_the_shared_precompiled_headers_and_its_stop_leaves_them(tmp_path):
+    from pytest_kvoffload.serve.server import VllmServer
+
+    # Torch puts precompiled headers under its default folder in TMPDIR, whatever TORCHINDUCTOR_CACHE_DIR says.
+    command = [sys.executable, "-c", "import os, time; from torch._inductor.codecache import _HEADER_DIR; "
+               "open(os.environ['REPORT'], 'w').write(os.path.realpath(_HEADER_DIR)); time.sleep(60)"]
+    shared, report = tmp_path / "shared", tmp_path / "report"
+    env = dict(os.environ, REPORT=str(report), TORCHINDUCTOR_CACHE_DIR=str(shared))
+    server = VllmServer("fake", command, env, 1, tmp_path / "log", "m")
+    try:
+        server.start()
+        deadline = time.monotonic() + 60
+        while (not report.exists() or not report.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert report.read_text() == str(shared / "precompiled_headers")
+        (shared / "precompiled_headers").mkdir()
+        (shared / "precompiled_headers" / "header.h.gch").touch()
+    finally:
+        server.stop(grace=5)
+    assert (shared / "precompiled_headers" / "header.h.gch").exists()
