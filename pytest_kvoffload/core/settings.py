@@ -28,6 +28,8 @@ class Settings:
     cpu_gib: float = 16.0
     disk_gb: float = 64.0
     gpu_memory_utilization: float = 0.9
+    # --kv-engine-tokens: the engine's own KV cache in tokens (None: what vLLM sizes from memory).
+    engine_tokens: int | None = None
     tensor_parallel: int = 1
     # The dtype vLLM computes and stores KV in (--kv-dtype), and why it was chosen.
     dtype: str = "bfloat16"

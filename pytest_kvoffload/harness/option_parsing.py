@@ -14,6 +14,7 @@ from pytest_kvoffload.core.calibration import CalibrationError, check_fingerprin
 from pytest_kvoffload.connector.config import (ADMISSION_MODES, PLANTED_MODES, ConnectorConfig,
                                                ConnectorConfigError, admission_mode)
 from pytest_kvoffload.core.models import DTYPE_BYTES, ModelError, ModelInfo, load_model
+from pytest_kvoffload.core.settings import Settings
 
 # What --kv-dtype accepts besides "auto" (the dtype this machine computes natively, machine.native_dtype).
 DTYPES = ("bfloat16", "float16", "float32")
@@ -200,6 +201,14 @@ def check_fits_model(lengths: tuple[int, ...], model: ModelInfo) -> None:
             f"--kv-lengths: {', '.join(map(str, too_long))} not below the model's context of "
             f"{model.max_model_len} tokens ({model.name})"
         )
+
+
+def check_engine_tokens(settings: Settings) -> None:
+    """vLLM refuses to start an engine whose KV cache cannot hold one prompt of --max-model-len."""
+    tokens = settings.engine_tokens
+    if tokens is not None and tokens < settings.max_model_len:
+        raise OptionError(f"--kv-engine-tokens {tokens}: expected at least {settings.max_model_len} (the servers' "
+                          "--max-model-len: the longest --kv-lengths plus room, at least 8,192 tokens)")
 
 
 def parse_disk_opts(values: list[str], block_size: int) -> dict:

@@ -14,12 +14,13 @@ from pytest_kvoffload.harness.backend_options import use_python
 from pytest_kvoffload.connector.config import OPTIONS as CONNECTOR_OPTIONS
 from pytest_kvoffload.core.settings import Settings
 from pytest_kvoffload.harness.backend_options import register_ab, register_variants, split_backends
-from pytest_kvoffload.harness.option_parsing import (OptionError, check_calibration_here, check_fits_model,
-                                                     parse_admission, parse_backends, parse_disk_opts, parse_dtype,
-                                                     parse_engine, parse_fractions, parse_lengths, parse_max_prefill,
-                                                     parse_model, parse_page_cache, parse_positive_float,
-                                                     parse_positive_int, parse_results_dir, parse_server_args, parse_server_url,
-                                                     parse_weights, parse_whole_number, parse_window)
+from pytest_kvoffload.harness.option_parsing import (OptionError, check_calibration_here, check_engine_tokens,
+                                                     check_fits_model, parse_admission, parse_backends,
+                                                     parse_disk_opts, parse_dtype, parse_engine, parse_fractions,
+                                                     parse_lengths, parse_max_prefill, parse_model, parse_page_cache,
+                                                     parse_positive_float, parse_positive_int, parse_results_dir,
+                                                     parse_server_args, parse_server_url, parse_weights,
+                                                     parse_whole_number, parse_window)
 from pytest_kvoffload.traces.read import FORMATS, Scaling, TraceError, read_trace, select
 from pytest_kvoffload.traces.selection import ReplayPlan
 
@@ -75,6 +76,10 @@ OPTIONS = (
            "how a CPU server runs its engine: vllm (vLLM's own: a worker process bound to its cores; default) or "
            "one-process (engine and worker in one process, as vLLM runs one GPU: 5 s less per start-up, but a "
            "connector's I/O threads then share the engine's process; make test uses it; docs/servers.md)"),
+    Option("--kv-engine-tokens", "kv_engine_tokens",
+           "the engine's own KV cache in tokens, whole blocks (vLLM's --num-gpu-blocks-override), the same for "
+           "every server; at least --max-model-len (default: what VLLM_CPU_KVCACHE_SPACE or "
+           "--kv-gpu-memory-utilization gives; make test uses 32768: docs/servers.md)"),
     Option("--kv-page-cache", "kv_page_cache",
            "a buffered disk tier's files before each tier-only round: cold (dropped from the page cache, so "
            "hits read the disk; default) or warm (left cached: figures served from memory, flagged so)"),
@@ -190,7 +195,7 @@ def build_settings(values: OptionValues, registry: BackendRegistry, ab: tuple[st
     disk_opts = parse_disk_opts(values.items("kv_disk_opts"), block_size)
     tensor_parallel = parse_positive_int("--kv-tensor-parallel", values.get("kv_tensor_parallel", 1))
     check_calibration_here(disk_opts, model, dtype, block_size, tensor_parallel, results)
-    return Settings(
+    settings = Settings(
         # An A/B run measures its pair (in every suite); --kv-backend chooses otherwise.
         backends=ab if ab else parse_backends(str(values.get("kv_backend", "all")), registry.names()),
         ab=ab,
@@ -216,8 +221,12 @@ def build_settings(values: OptionValues, registry: BackendRegistry, ab: tuple[st
         admission=parse_admission(str(values.get("kv_admission", "queue"))),
         page_cache=parse_page_cache(str(values.get("kv_page_cache", "cold"))),
         engine=parse_engine(str(values.get("kv_engine", "vllm"))),
+        engine_tokens=(parse_positive_int("--kv-engine-tokens", values.get("kv_engine_tokens"))
+                       if values.given("kv_engine_tokens") else None),
         disk_opts=disk_opts,
     )
+    check_engine_tokens(settings)
+    return settings
 
 
 def build_replay_plan(values: OptionValues) -> ReplayPlan | None:

@@ -176,6 +176,8 @@ def server_launch(backend: Backend, ctx: LaunchContext, port: int) -> Launch:
         argv += ["--load-format", "dummy"]
     # The engine's own prefix cache is what every backend sits behind; make it explicit.
     argv += ["--enable-prefix-caching"]
+    if settings.engine_tokens is not None:
+        argv += ["--num-gpu-blocks-override", str(-(-settings.engine_tokens // settings.block_size))]
     if settings.tensor_parallel > 1:
         argv += ["--tensor-parallel-size", str(settings.tensor_parallel)]
     if machine.has_cuda():

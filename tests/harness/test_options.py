@@ -126,6 +126,8 @@ BAD_VALUES = {
     "--kv-admission": ({"kv_admission": "maybe"}, "--kv-admission 'maybe': expected one of queue, static"),
     "--kv-page-cache": ({"kv_page_cache": "hot"}, "--kv-page-cache 'hot': expected cold (the default"),
     "--kv-engine": ({"kv_engine": "two-process"}, "--kv-engine 'two-process': expected vllm (the default"),
+    "--kv-engine-tokens": ({"kv_engine_tokens": "4096"},
+                           "--kv-engine-tokens 4096: expected at least 8320 (the servers' --max-model-len"),
     "--kv-block-size": ({"kv_block_size": "big"}, "--kv-block-size 'big': expected a whole number of at least 1"),
     "--kv-cpu-gib": ({"kv_cpu_gib": "lots"}, "--kv-cpu-gib 'lots': expected a number above 0"),
     "--kv-disk-gb": ({"kv_disk_gb": "-1"}, "--kv-disk-gb '-1': expected a number above 0"),

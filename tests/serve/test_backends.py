@@ -26,6 +26,13 @@ def command(name, tmp_path, **kw):
     return server_command(registry.get(name), LaunchContext(settings(**kw), tmp_path), 8123)
 
 
+def test_the_engine_cache_in_whole_blocks_for_every_backend_and_vllms_own_sizing_by_default(tmp_path):
+    for name in ("gpu-only", "native-cpu", "kvoffload-disk"):
+        argv, _ = command(name, tmp_path, engine_tokens=32_769)
+        assert argv[argv.index("--num-gpu-blocks-override") + 1] == "257", name  # 32,769 / 128, rounded up
+    assert "--num-gpu-blocks-override" not in command("gpu-only", tmp_path)[0]
+
+
 def test_common_arguments(tmp_path):
     argv, env = command("gpu-only", tmp_path)
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
