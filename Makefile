@@ -34,7 +34,8 @@ TEST_TRACE ?= $(if $(MOONCAKE),--kv-trace=$(MOONCAKE) --kv-trace-slice=12 --kv-t
 BENCH_TRACE ?= $(if $(MOONCAKE),--kv-trace=$(MOONCAKE) --kv-trace-slice=24 --kv-trace-tokens-per-block=16 --kv-trace-time-scale=0.005 --kv-trace-repeats=2)
 # make bench's CPU tiers hold 1 GiB (262,144 tokens: its longest prompt is 4,096, its trace slice far less),
 # not this machine's default 2.9 GiB, which the copy worker zero-fills at each native server's start (12 to 13 s).
-BENCH_GRID ?= --kv-cpu-gib=1
+# Its engines hold 32,768 tokens, as make test's (8 of its longest prompts; 0.9 GiB less fresh memory a server).
+BENCH_GRID ?= --kv-cpu-gib=1 --kv-engine-tokens=32768
 PYTEST_ARGS ?=
 
 .PHONY: bench test venv clean test-args servers
