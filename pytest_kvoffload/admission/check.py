@@ -2,7 +2,8 @@
 
 1. The drive: the unthrottled kvoffload-disk server's grid (two rounds, kept out of the run's cells) fits the
    recompute curve and the tier's own costs; slow_drive.frontier_drive adds the per-load latency that puts the
-   break-even at half the longest length (slow_drive.py says why latency and not bandwidth).
+   break-even at half the longest length (slow_drive.py says why latency and not bandwidth). Where that fit
+   refuses the machine, more rounds are measured before the refusal stands (measured_or_refused).
 2. Calibration: the control server (every load taken) runs frontier cells around that target; its hit/cold
    ratios, interpolated, give the measured p*, and its fits the calibration the rule reads, with the queue
    overlap from its probes behind a queue.
@@ -38,6 +39,10 @@ from pytest_kvoffload.serve.server import settle
 # for which two wrong rounds are more than noise at a few percent explains (judge.allowed_wrong).
 JUDGED_ROUNDS = 5
 CALIBRATION_ROUNDS = 2
+# Probe rounds added before a machine is refused. A cell's figure is its rounds' median, so one disturbed
+# round of two can flatten the fitted curve: 0f5d785's CI fitted a wrong decision at 26% and 20% where four
+# fresh-clone runs of the same code on the same machine fitted 42 to 47% and 28 to 30%.
+MORE_PROBE_ROUNDS = 3
 # The queue cell: below p*, where a rule crediting the queue wrongly would admit (above p* every rule
 # worth judging admits, and the frontier judges that already).
 QUEUE_MULTIPLES = (0.6,)
@@ -166,12 +171,6 @@ def probe_drive(recorder: Recorder, servers: Servers, backend: Backend,
     drive = measured_or_refused(measure, fit, 2 if len(lengths) < 3 else 1, recorder.progress)
     recorder.progress(f"admission: {drive.describe()}")
     return drive, target, probe
-
-
-# Probe rounds added before a machine is refused. A cell's figure is its rounds' median, so one disturbed
-# round of two can flatten the fitted curve: 0f5d785's CI fitted a wrong decision at 26% and 20% where four
-# fresh-clone runs of the same code on the same machine fitted 42 to 47% and 28 to 30%.
-MORE_PROBE_ROUNDS = 3
 
 
 def measured_or_refused(measure, fit, rounds: int, progress) -> SlowDrive:
