@@ -265,3 +265,10 @@ def test_a_report_of_a_dummy_weight_run_says_its_output_checks_are_blind():
     blind = render({"options": {"output_checks": "blind: vLLM's dummy weights (+-1e-3)"}, "backends": {}, "cells": []})
     assert blind.startswith("output checks blind: vLLM's dummy weights")
     assert "blind" not in render({"options": {"output_checks": "seeded random weights"}, "backends": {}, "cells": []})
+
+
+def test_an_engine_cache_of_exactly_one_longest_prompt_is_accepted_and_one_token_less_is_not(tmp_path, cpu_machine):
+    # The near miss of the check: --max-model-len itself (8,320 with the default lengths) must start.
+    assert read({"kv_engine_tokens": "8320"}, tmp_path)[0].engine_tokens == 8320
+    with pytest.raises(OptionError, match="--kv-engine-tokens 8319: expected at least 8320"):
+        read({"kv_engine_tokens": "8319"}, tmp_path)
