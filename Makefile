@@ -16,12 +16,12 @@ KV_PIP_ARGS ?=
 # Its servers run engine and worker in one process (--kv-engine=one-process: 5 to 10 s less per start-up, the same
 # prefill; docs/servers.md says why measuring runs keep vLLM's own).
 # Its engines hold 32,768 tokens (--kv-engine-tokens: 25 of its longest prompts, 3.9 of --max-model-len), not the
-# 262,144 of 1 GiB: memory a process touches beyond what the machine recently used cost 9 to 11 s a GiB on the
+# 262,144 of 1 GiB: memory a process touches beyond what the machine recently used cost 9 to 12 s a GiB on the
 # 2-core EPYC VM, so a server started beside another took 38 s instead of 23 (docs/servers.md).
 TEST_GRID ?= --kv-lengths=384,1280 --kv-fractions=0.5,1.0 --kv-rounds=2 --kv-cpu-gib=0.5 --kv-engine=one-process \
 	--kv-engine-tokens=32768 $(TEST_TRACE)
-# Each CPU server's own KV cache in make test and make bench: 1 GiB (262,144 tokens, 64 of the bench's longest
-# prompts; the harness's default is 2). LMCache's connector shares the engine's KV with its server through
+# VLLM_CPU_KVCACHE_SPACE in make test and make bench: 1 GiB, the least it takes (whole GiB only; the harness's
+# default is 2); --kv-engine-tokens then sizes the engines below it. LMCache's connector shares the engine's KV with its server through
 # /dev/shm: lmcache-disk's start spent 6 s before and 8 s after "Registering kv caches" with 2 GiB. Every server
 # gets the same, so engines stay equal.
 KV_GIB ?= 1
