@@ -21,9 +21,9 @@ KV_PIP_ARGS ?=
 TEST_GRID ?= --kv-lengths=384,1280 --kv-fractions=0.5,1.0 --kv-rounds=2 --kv-cpu-gib=0.5 --kv-engine=one-process \
 	--kv-engine-tokens=32768 $(TEST_TRACE)
 # VLLM_CPU_KVCACHE_SPACE in make test and make bench: 1 GiB, the least it takes (whole GiB only; the harness's
-# default is 2); --kv-engine-tokens then sizes the engines below it. LMCache's connector shares the engine's KV with its server through
-# /dev/shm: lmcache-disk's start spent 6 s before and 8 s after "Registering kv caches" with 2 GiB. Every server
-# gets the same, so engines stay equal.
+# default is 2); --kv-engine-tokens then sizes the engines below it. LMCache's connector shares the engine's KV
+# with its server through /dev/shm: lmcache-disk's start spent 6 s before and 8 s after "Registering kv caches"
+# with 2 GiB. Every server gets the same, so engines stay equal.
 KV_GIB ?= 1
 # The trace-replay and plan-vs-replay suites run on a slice of the shared Mooncake trace where it is present:
 # whole prefix trees (so the slice keeps the trace's reuse), its 700 s of arrivals replayed in under 2 s.
