@@ -80,6 +80,7 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
         self._scheduler = None
         self._worker = None
         self._zeroes_blocks = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", True))
+        self._deferred_saves: list = []  # the last step's saves, submitted at the next bind (wait_for_save)
         self._scheduler_counters = Counters()
         if role == KVConnectorRole.SCHEDULER:
             # Tensor-parallel ranks keep separate files of one key set; rank 0's folder seeds the index.
@@ -133,6 +134,11 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
         # Not where new blocks are zeroed during the step (Mamba, mixed precision): a load could race it.
         if self._worker is not None and not self._zeroes_blocks:
             assert isinstance(connector_metadata, KVOffloadMetadata)
+            # The last step's saves first, in the order they had when submitted in that step: before this
+            # step's deletions (a reset waits for them), loads and forward (which may write their blocks anew).
+            saves, self._deferred_saves = self._deferred_saves, []
+            if saves:
+                self._worker.wait_for_save(KVOffloadMetadata(saves=saves))
             self._worker.start_load_kv(connector_metadata)
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
@@ -151,7 +157,14 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
     def wait_for_save(self):
         meta = self._get_connector_metadata()
         assert isinstance(meta, KVOffloadMetadata)
-        self._worker.wait_for_save(meta)
+        if self._zeroes_blocks or self._worker.step_buffers is None:
+            self._worker.wait_for_save(meta)
+            return
+        # The CPU build: submitted, so gathered and sealed, at the next step's bind, as vLLM's OffloadingConnector
+        # defers its stores. vLLM calls this before the step samples: a gather here delays the step's tokens (a
+        # prompt's first) by the gather and seal of every chunk it saves. A finished request's blocks are held
+        # until its saves are written (request_finished), and nothing writes blocks before the next forward.
+        self._deferred_saves.extend(meta.saves)
 
     def get_finished(self, finished_req_ids):
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None

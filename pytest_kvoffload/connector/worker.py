@@ -159,9 +159,9 @@ class WorkerSide:
             # The side stream must not read blocks before this step's forward has written them.
             ready = torch.cuda.Event()
             ready.record()
-        # The CPU build: the step's own thread gathers and seals (_gather) the chunks now, while the blocks the
-        # forward just wrote are in its caches, so the I/O threads (which share the forward's core there) only
-        # write. Up to a bound on the memory held; past it a chunk is gathered by its I/O thread, as on CUDA.
+        # The CPU build: the step's own thread gathers and seals (_gather) the chunks (at the next step's bind:
+        # connector.py), so the I/O threads (which share the forward's core there) only write. Up to a bound on
+        # the memory held; past it a chunk is gathered by its I/O thread, as on CUDA.
         gathered = [self._gather_now(job) for job in meta.saves] if self.step_buffers else [None] * len(meta.saves)
         started, batch = time.perf_counter(), []
         for i, job in enumerate(meta.saves):
