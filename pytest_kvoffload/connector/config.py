@@ -122,8 +122,8 @@ OPTIONS = frozenset({"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "
                      "io_slice_us", "idle_wait_ms", "load_threads", "load_cpus", "save_cpus", "huge_pages",
                      "load_io"})
 
-# How long an idle step's worker waits for a load in flight (idle_wait_ms): the most a request arriving
-# meanwhile waits before the engine sees it. Shorter only costs one empty step a wait.
+# How long an idle step's worker waits for a load in flight past its expected end (idle_wait_ms; idle_wait.py).
+# Shorter only costs one empty step a wait.
 DEFAULT_IDLE_WAIT_MS = 5.0
 
 
@@ -148,8 +148,8 @@ class ConnectorConfig:
     save_cpus: str = "worker"  # THREAD_CPUS: the save threads' CPUs
     # The I/O threads' scheduler slice (io_threads.py): the kernel's shortest by default; 0 keeps its default.
     io_slice_us: int = MIN_SLICE_US
-    # A step with nothing to compute and loads in flight waits up to this long for one to finish (worker.py,
-    # get_finished) instead of handing the core back to vLLM's empty-step loop; 0: never waits.
+    # A step with nothing to compute and loads in flight waits for one to finish, until its expected end and this
+    # long beyond (idle_wait.py), instead of handing the core back to vLLM's empty-step loop; 0: never waits.
     idle_wait_s: float = DEFAULT_IDLE_WAIT_MS / 1e3
     direct_io: bool = True  # O_DIRECT where the file system allows it; buffered + page drop otherwise
     # Chunk buffers on transparent huge pages where the kernel allows: one segment per O_DIRECT request

@@ -23,7 +23,7 @@ COUNTERS = {
     "save_copy_seconds": "seconds spent gathering chunks' blocks from the KV cache before writing them",
     "load_wall_seconds": "wall seconds with a load in flight, overlaps counted once (delivered read bandwidth)",
     "save_wall_seconds": "wall seconds with saves in flight, overlaps counted once (delivered write bandwidth)",
-    "idle_wait_seconds": "seconds the worker waited in steps with nothing to compute for a load in flight (idle_wait_ms)",
+    "idle_wait_seconds": "seconds the worker waited in steps with nothing to compute for a load in flight (idle_wait.py)",
     "load_threads_on_all_cpus": "load threads moved off the worker's CPUs onto every CPU (load_cpus=all)",
     "save_threads_on_all_cpus": "save threads moved off the worker's CPUs onto every CPU (save_cpus=all)",
     "io_threads_short_slice": "I/O threads running with the short scheduler slice of io_slice_us (io_threads.py)",

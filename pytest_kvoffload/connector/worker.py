@@ -29,6 +29,7 @@ from pytest_kvoffload.connector.buffers import BusyTime, GatheredBuffers, pinned
 from pytest_kvoffload.connector.config import ConnectorConfig
 from pytest_kvoffload.connector.metadata import KVOffloadMetadata, KVOffloadWorkerMeta, LoadJob, SaveJob
 from pytest_kvoffload.connector.counters import Counters
+from pytest_kvoffload.connector.idle_wait import IdleWait
 from pytest_kvoffload.connector.io_threads import ReadSlots, name_thread, on_every_cpu, request_slice
 from pytest_kvoffload.connector.chunk_format import HEADER_SIZE, Layout
 from pytest_kvoffload.connector.store import ChunkStore
@@ -68,6 +69,7 @@ class WorkerSide:
         # Wall time with saves (loads) in flight, each instant counted once (BusyTime).
         self._saves_busy = BusyTime()
         self._loads_busy = BusyTime()
+        self._idle_wait = IdleWait(config.idle_wait_s, config.read_latency_s)  # how long an idle step waits
         self._report_lock = threading.Lock()  # I/O threads append to the report below
         self._report = KVOffloadWorkerMeta()
         # One chunk buffer per I/O thread, reused: a fresh 4 KiB-aligned buffer per chunk costs page faults.
@@ -173,7 +175,11 @@ class WorkerSide:
 
     def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> tuple[set[str] | None, set[str] | None]:
         if idle:
-            self._wait_for_a_load()
+            # Blocked there this thread holds neither core nor GIL, which the CPU build's I/O threads need (they
+            # waited 0.31 ms for a CPU per chunk read while vLLM polled; notes of 2026-12-02, paired).
+            waited = self._idle_wait.wait_for_a_load(self._loads.values(), self._chunk_bytes)
+            if waited is not None:
+                self.counters.add("idle_wait_seconds", waited)
         received = set()
         for req_id, (job, futures, started) in list(self._loads.items()):
             if not all(f.done() for f in futures):
@@ -193,21 +199,6 @@ class WorkerSide:
             sent.add(req_id)
         self._time_save_batches()
         return sent or None, received or None
-
-    def _wait_for_a_load(self) -> None:
-        """In a step with nothing to compute, wait (idle_wait_s at most) until a load in flight finishes.
-        vLLM runs such steps back to back only to poll get_finished, on the core the CPU build's I/O threads
-        need (they waited 0.31 ms for a CPU per chunk read; notes of 2026-12-02, paired); blocked here it holds
-        neither core nor GIL. A request arriving meanwhile waits at most idle_wait_s for the engine."""
-        if not self.config.idle_wait_s or not self._loads:
-            return
-        remaining = [[f for f in pending if not f.done()] for _, pending, _ in self._loads.values()]
-        if not all(remaining):
-            return  # a load has finished: report it now
-        started = time.perf_counter()
-        # The load nearest its end (fewest chunks in flight): the first the scheduler can use.
-        wait(min(remaining, key=len), timeout=self.config.idle_wait_s)
-        self.counters.add("idle_wait_seconds", time.perf_counter() - started)
 
     def _time_save_batches(self) -> None:
         """Time each finished step's saves: the histogram gets each batch's wall time (submission to last
@@ -240,7 +231,7 @@ class WorkerSide:
             ok, finished_at = future.result()
             ended = max(ended, finished_at)
             if ok:
-                moved += self.layout.file_bytes_for(chunk.count or self.layout.blocks)
+                moved += self._chunk_bytes(chunk)
             else:
                 self._failed_blocks.update(b for _, b in chunk.blocks)
                 with self._report_lock:
@@ -251,8 +242,12 @@ class WorkerSide:
             if moved:
                 self._report.loads.append((float(moved), ended - started))
         if moved:
+            self._idle_wait.observe(moved, ended - started)
             self.counters.observe("load_duration_seconds", ended - started)
             self.counters.observe("load_size_bytes", moved)
+
+    def _chunk_bytes(self, chunk) -> int:
+        return self.layout.file_bytes_for(chunk.count or self.layout.blocks)
 
     def worker_meta(self) -> KVOffloadWorkerMeta | None:
         """What happened since the last step, for the index and the online bandwidth estimate."""

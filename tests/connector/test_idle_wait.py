@@ -1,6 +1,6 @@
 """An idle step's wait (worker.WorkerSide.get_finished, idle_wait_ms): a step with nothing to compute waits
-for a load in flight instead of returning at once, no longer than the option allows, and a step with work
-never waits."""
+for a load in flight instead of returning at once, and a step with work never waits. How long it waits once
+loads have been timed: test_idle_wait_bound.py."""
 
 import time
 
@@ -48,7 +48,7 @@ def test_an_idle_step_waits_for_the_load_and_a_busy_one_returns_at_once(tmp_path
 
 
 @pytest.mark.parametrize("wait_ms", [0, 20])
-def test_the_wait_is_bounded_by_the_option_and_off_at_zero(tmp_path, wait_ms):
+def test_before_any_load_has_finished_the_wait_is_the_options_and_off_at_zero(tmp_path, wait_ms):
     side = side_with_a_chunk(tmp_path, idle_wait_ms=wait_ms)
     start_load(side)
     began = time.perf_counter()
@@ -65,3 +65,18 @@ def test_the_scheduler_marks_a_step_idle_only_when_it_computes_nothing(tmp_path)
     idle = new_step("b", prompt(2), list(range(20, 40)))
     idle.num_scheduled_tokens = {"b": 0}
     assert side.build_connector_meta(idle).idle is True
+
+
+def test_a_load_expected_to_outlast_the_option_is_seen_in_the_step_it_ends(tmp_path):
+    # The worker's first load timed the drive (300 ms of latency, then the read); the second is waited for
+    # until it ends, in one idle step, where the option alone (20 ms) would have left it to later steps.
+    side = side_with_a_chunk(tmp_path, idle_wait_ms=20)
+    start_load(side)
+    deadline = time.time() + 30
+    while not (side.get_finished(set(), idle=True)[1] or time.time() > deadline):
+        pass
+    start_load(side)
+    began = time.perf_counter()
+    assert side.get_finished(set(), idle=True)[1] == {"r"}
+    assert time.perf_counter() - began < 2.0
+    side.shutdown()
