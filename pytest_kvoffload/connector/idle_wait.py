@@ -6,9 +6,9 @@ between two steps and 0.7 to 1.0 ms in the empty step (a 4,096-token tier hit's 
 5.2 to 7.3 ms, the 5 ms wait returned before it finished, and vLLM saw it a step later; notes of 2026-12-04).
 So a step waits until the load nearest its end is expected to be done, and idle_wait_ms beyond (a load
 running at the rate it was expected to would otherwise end a hair after the wait): its bytes at the slowest
-rate this worker's recent loads ran, after the emulated drive's access latency. A
-request arriving meanwhile waits that long for the engine; the engine would otherwise have shared the cores
-the load needs between the load and that request's prefill.
+rate this worker's recent loads ran, after the emulated drive's access latency. A request arriving meanwhile
+waits that long for the engine; the engine would otherwise have shared the cores the load needs between the
+load and that request's prefill.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ RECENT_LOADS = 16
 
 
 class IdleWait:
-    def __init__(self, floor_s: float, latency_s: float = 0.0) -> None:
-        self.floor_s = floor_s  # idle_wait_ms: how long past a load's expected end it waits; 0: never
+    def __init__(self, margin_s: float, latency_s: float = 0.0) -> None:
+        # idle_wait_ms: how long past a load's expected end a step waits (the whole wait before any load has
+        # been timed); 0: never.
+        self.margin_s = margin_s
         self.latency_s = latency_s  # read_latency_ms: the emulated drive's access latency, before any byte
         self._rates: deque[float] = deque(maxlen=RECENT_LOADS)  # bytes per second after the latency
 
@@ -37,18 +39,18 @@ class IdleWait:
     def timeout(self, load_bytes: float, elapsed: float) -> float:
         """Seconds an idle step waits for a load of `load_bytes` that started `elapsed` seconds ago: 0 when
         the option is off, else the option beyond the load's expected end at the slowest recent rate."""
-        if not self.floor_s:
+        if not self.margin_s:
             return 0.0
         if not self._rates:
-            return self.floor_s
+            return self.margin_s
         expected = self.latency_s + load_bytes / min(self._rates)
-        return max(0.0, expected - elapsed) + self.floor_s
+        return max(0.0, expected - elapsed) + self.margin_s
 
     def wait_for_a_load(self, loads, chunk_bytes) -> float | None:
         """Wait for the load nearest its end (fewest chunks in flight: the first the scheduler can use) among
         `loads`, (job, futures, started) each, unless the option is off or one has finished already (it is
         reported at once). The seconds waited, or None where it did not wait."""
-        if not self.floor_s or not loads:
+        if not self.margin_s or not loads:
             return None
         remaining = [(job, [f for f in futures if not f.done()], began) for job, futures, began in loads]
         if not all(pending for _, pending, _ in remaining):
