@@ -137,6 +137,8 @@ class WorkerSide:
                 sync.append((job, futures, time.perf_counter()))
             else:
                 self._loads[job.req_id] = (job, futures, time.perf_counter())
+        if meta.loads and not sync and self.step_buffers:
+            os.sched_yield()  # the CPU build: the load thread queues its reads now (wait_for_save's hand-over)
         for job, futures, started in sync:
             # This step's forward reads these blocks: wait, and report failures in this same step.
             wait(futures)
@@ -172,10 +174,8 @@ class WorkerSide:
         # Write bandwidth is timed per step's batch: a request's saves span its prefill steps.
         self._save_batches.append((started, batch))
         if self.step_buffers:
-            # The CPU build: the save threads share this thread's core, and the GIL, which this thread would hold
-            # on into vLLM's Python until its next blocking call; it lets them take their chunks and start their
-            # writes now. A step's first write waited 0.10 and 0.25 ms for its thread instead of 1.24, writes
-            # 0.78 and 0.85 of the drive in the pattern against 0.68 (notes/2026-12-04-save-handover.md).
+            # The CPU build: the save threads share this thread's core and the GIL, held on into vLLM's Python; a
+            # step's first write waited 0.10 to 0.25 ms for one, not 0.44 to 1.24 (notes/2026-12-04-save-handover.md).
             os.sched_yield()
 
     def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> tuple[set[str] | None, set[str] | None]:
