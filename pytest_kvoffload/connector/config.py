@@ -141,7 +141,7 @@ class ConnectorConfig:
     # Threads that load chunks: io_threads of them read at once, the rest check and scatter chunks already read,
     # so the drive is not left a read short while a chunk's CPU work runs (worker.py). None: twice io_threads.
     load_threads: int | None = None
-    load_cpus: str = "worker"  # THREAD_CPUS: the load threads' CPUs (worker.py, _start_io_thread)
+    load_cpus: str = "worker"  # THREAD_CPUS: the load threads' CPUs (io_threads.start_io_thread)
     # The CPU build's loads: "aio", one thread with io_threads reads queued on Linux native AIO (aio_loads.py),
     # falling back to "threads" (load_threads threads) where the kernel has none. CUDA loads run on threads.
     load_io: str = "aio"

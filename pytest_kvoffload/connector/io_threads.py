@@ -21,6 +21,8 @@ import platform
 import struct
 import threading
 
+from pytest_kvoffload.connector.counters import Counters
+
 # struct sched_attr, first version (48 bytes): size, policy, flags, nice, priority, runtime, deadline, period.
 _ATTR = struct.Struct("<IIQiIQQQ")
 _SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}  # sched_setattr, sched_getattr
@@ -83,7 +85,19 @@ def on_every_cpu() -> bool:
     return True
 
 
-__all__ = ["MIN_SLICE_US", "MAX_SLICE_US", "current_slice_ns", "name_thread", "on_every_cpu", "request_slice"]
+def start_io_thread(name: str, way: str, cpus: str, slice_us: int, counters: Counters) -> None:
+    """Each I/O thread of the connector's worker, as it starts: its name where the kernel shows it (the suites find
+    the threads by it), a short slice (its core back as soon as its I/O is done), and its CPUs (`way` "load" or
+    "save"; config: load_cpus, save_cpus, io_slice_us)."""
+    name_thread(name)
+    if slice_us and request_slice(slice_us):
+        counters.add("io_threads_short_slice")
+    if cpus == "all" and on_every_cpu():
+        counters.add(f"{way}_threads_on_all_cpus")
+
+
+__all__ = ["MIN_SLICE_US", "MAX_SLICE_US", "current_slice_ns", "name_thread", "on_every_cpu", "request_slice",
+           "start_io_thread"]
 
 
 class ReadSlots(threading.Semaphore):

@@ -31,7 +31,7 @@ from pytest_kvoffload.connector.config import ConnectorConfig
 from pytest_kvoffload.connector.metadata import KVOffloadMetadata, KVOffloadWorkerMeta, LoadJob, SaveJob
 from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.connector.idle_wait import IdleWait
-from pytest_kvoffload.connector.io_threads import ReadSlots, name_thread, on_every_cpu, request_slice
+from pytest_kvoffload.connector.io_threads import ReadSlots, start_io_thread
 from pytest_kvoffload.connector.chunk_format import HEADER_SIZE, Layout
 from pytest_kvoffload.connector.store import ChunkStore
 
@@ -60,10 +60,8 @@ class WorkerSide:
         # threads: while one checks a chunk and scatters it into the cache (0.4 ms of CPU a 1 MiB chunk alone, 0.6 to
         # 0.7 in the server, against 0.7 ms of the drive's time), another's read keeps the drive busy.
         self._read_slots = ReadSlots(config.io_threads)
-        self.load_pool = ThreadPoolExecutor(config.load_threads or 2 * config.io_threads, LOAD_THREADS,
-                                            initializer=self._start_io_thread, initargs=(LOAD_THREADS,))
-        self.save_pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix=SAVE_THREADS,
-                                            initializer=self._start_io_thread, initargs=(SAVE_THREADS,))
+        self.load_pool = self._io_pool(LOAD_THREADS, config.load_threads or 2 * config.io_threads)
+        self.save_pool = self._io_pool(SAVE_THREADS, config.io_threads)
         self._loads: dict[str, tuple[LoadJob, list[Future], float]] = {}
         self._saves: dict[str, list[Future]] = {}
         self._save_batches: list[tuple[float, list[Future]]] = []
@@ -108,8 +106,7 @@ class WorkerSide:
         if not self._cuda and self.config.load_io == "aio":
             if aio_available():
                 self._aio = AioLoads(self.store, self.config.io_threads)
-                self._aio_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=LOAD_THREADS,
-                                                    initializer=self._start_io_thread, initargs=(LOAD_THREADS,))
+                self._aio_pool = self._io_pool(LOAD_THREADS, 1)
             else:
                 log.warning("kvoffload: load_io aio: this kernel has no native AIO; loads run on threads")
         self.counters.set("loads_on_aio", 1.0 if self._aio is not None else 0.0)
@@ -137,8 +134,8 @@ class WorkerSide:
                 sync.append((job, futures, time.perf_counter()))
             else:
                 self._loads[job.req_id] = (job, futures, time.perf_counter())
-        if meta.loads and not sync and self.step_buffers:
-            os.sched_yield()  # the CPU build: the load thread queues its reads now (wait_for_save's hand-over)
+        if meta.loads and not sync:
+            self._hand_over()
         for job, futures, started in sync:
             # This step's forward reads these blocks: wait, and report failures in this same step.
             wait(futures)
@@ -173,9 +170,14 @@ class WorkerSide:
             batch.append(future)
         # Write bandwidth is timed per step's batch: a request's saves span its prefill steps.
         self._save_batches.append((started, batch))
-        if self.step_buffers:
-            # The CPU build: the save threads share this thread's core and the GIL, held on into vLLM's Python; a
-            # step's first write waited 0.10 to 0.25 ms for one, not 0.44 to 1.24 (notes/2026-12-04-save-handover.md).
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Once a step has submitted I/O it does not wait for: on the CPU build the I/O threads share this thread's
+        core and the GIL, which it would hold on into vLLM's Python, so it yields them both. A step's first write
+        waited 0.10 to 0.25 ms for a thread, not 0.44 to 1.24; READ 0.94 and 0.92 of the drive, not 0.82 and 0.86
+        (notes/2026-12-04-save-handover.md, docs/connector.md)."""
+        if not self._cuda:
             os.sched_yield()
 
     def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> tuple[set[str] | None, set[str] | None]:
@@ -269,15 +271,10 @@ class WorkerSide:
         return failed
 
     # -- I/O threads ------------------------------------------------------------------------------------
-    def _start_io_thread(self, name: str) -> None:
-        """Each I/O thread, as it starts: its name where the kernel shows it (the suites find the threads by
-        it), a short slice (its core back as soon as its I/O is done), and its CPUs (load_cpus, save_cpus)."""
-        name_thread(name)
-        if self.config.io_slice_us and request_slice(self.config.io_slice_us):
-            self.counters.add("io_threads_short_slice")
+    def _io_pool(self, name: str, threads: int) -> ThreadPoolExecutor:
         way, cpus = ("load", self.config.load_cpus) if name == LOAD_THREADS else ("save", self.config.save_cpus)
-        if cpus == "all" and on_every_cpu():
-            self.counters.add(f"{way}_threads_on_all_cpus")
+        return ThreadPoolExecutor(threads, name, initializer=start_io_thread,
+                                  initargs=(name, way, cpus, self.config.io_slice_us, self.counters))
 
     def _views(self, buffer: np.ndarray, blocks: int) -> torch.Tensor:
         """The payload of a chunk buffer holding `blocks` blocks as [layers, blocks, *block_shape] in the
