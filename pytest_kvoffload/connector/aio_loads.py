@@ -9,10 +9,6 @@ one CPU, 1 MiB chunks): raw drive / ours 0.76 and 0.77 against 0.66 and 0.70 (tw
 docs/notes/2026-12-03-aio.md). What is left is the drive itself: the host copies each read into the
 guest's memory, and a core copying memory beside it (the scatter) slowed raw reads by a fifth.
 
-A load's first reads are queued by the thread that hands it over (the step's) where the loader has nothing in
-hand (AioLoads.start): in the disk-speed suite READ 1.09, 1.16 and 0.97 of the drive against 0.86, 0.97 and
-0.94 without, paired (docs/notes/2026-12-04-first-reads.md).
-
 Linux AIO reads asynchronously only with O_DIRECT (buffered, io_submit reads before it returns: still
 correct). `available()` says whether this kernel and machine have it; the worker falls back to threads
 where not.
@@ -23,9 +19,8 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-import threading
 import time
-from concurrent.futures import Executor, Future
+from concurrent.futures import Future
 
 # io_setup, io_destroy, io_getevents, io_submit.
 _SYSCALLS = {"x86_64": (206, 207, 208, 209), "aarch64": (0, 1, 4, 2)}
@@ -99,83 +94,48 @@ def available() -> bool:
         return False
 
 
-class _Reads:
-    """One load's reads: those not yet queued (index, chunk), the free buffers' tags, those queued (tag -> index,
-    chunk, fd, started) and those completed but not yet handled (tag, bytes read or -errno), in that order."""
-
-    def __init__(self, chunks: list, buffers: int) -> None:
-        self.waiting = list(enumerate(chunks))
-        self.free = list(range(buffers))
-        self.reading: dict[int, tuple[int, object, int, float]] = {}
-        self.done: list[tuple[int, int]] = []
-
-
 class AioLoads:
     """Loads, one at a time, with `io_threads` reads queued, each chunk checked and scattered as it
-    completes, on `pool`'s one thread (the loader). start() hands a load over."""
+    completes. Only one thread may call `load` (worker.py gives it a pool of one thread)."""
 
-    def __init__(self, store, io_threads: int, pool: Executor) -> None:
+    def __init__(self, store, io_threads: int) -> None:
         self.store = store
         self.in_flight = io_threads
-        self.pool = pool
         # A buffer per queued read, as many for reads completed together, and the one being scattered.
         self.buffers = [store.new_buffer() for _ in range(2 * io_threads + 1)]
         self.ring = ReadRing(len(self.buffers))
-        self._lock = threading.Lock()
-        self._handed = 0  # loads handed to the loader and not finished: while any, only the loader uses the ring
 
-    def start(self, chunks: list, futures: list[Future], use_for, not_before: float = 0.0) -> None:
-        """Hand a load to the loader; each chunk's future gets (ok, when it finished), as the worker's threads
-        would give it; `use_for(chunk, buffer, blocks)` is the scatter store.finish_read runs before the checksum.
-        Reads start no earlier than `not_before` (read_latency_ms).
+    def load(self, chunks: list, futures: list[Future], use_for, not_before: float = 0.0) -> None:
+        """Read `chunks` (ChunkBlocks) and set each one's future to (ok, when it finished), as the worker's
+        threads would; `use_for(chunk, buffer, blocks)` is the scatter store.finish_read runs before the
+        checksum. Reads of this load start no earlier than `not_before` (read_latency_ms)."""
+        delay = not_before - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        waiting = list(enumerate(chunks))
+        free = list(range(len(self.buffers)))
+        reading: dict[int, tuple[int, object, int, float]] = {}  # buffer -> (index, chunk, fd, started)
+        done: list[tuple[int, int]] = []  # (buffer, bytes read or -errno), in order of completion
+        def fill() -> None:  # io_threads reads at the drive (read but not yet taken from `done`: not there)
+            while waiting and free and len(reading) - len(done) < self.in_flight:
+                index, chunk = waiting.pop(0)
+                self._submit(index, chunk, free, reading, futures)
 
-        Where the loader has nothing in hand, the calling thread (the step's: start_load_kv) opens and queues
-        the load's first reads itself: the loader's thread wakes cold after the drive's idle gap, and on the
-        2-core VM spent 0.05 ms getting the load and 0.09 more opening its first file before a read started
-        (medians of a timeline of the disk-speed suite's loads, docs/notes/2026-12-04-first-reads.md)."""
-        with self._lock:
-            idle = self._handed == 0
-            self._handed += 1
-        reads = None
-        if idle and not_before <= time.perf_counter():
-            reads = _Reads(chunks, len(self.buffers))
-            self._fill(reads, futures)
-        self.pool.submit(self._load, chunks, futures, use_for, not_before, reads)
-
-    def _load(self, chunks: list, futures: list[Future], use_for, not_before: float, reads: _Reads | None) -> None:
         try:
-            if reads is None:
-                delay = not_before - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                reads = _Reads(chunks, len(self.buffers))
-            self._run(reads, futures, use_for)
-        finally:
-            with self._lock:
-                self._handed -= 1
-
-    def _fill(self, reads: _Reads, futures: list[Future]) -> None:
-        """Queue reads up to io_threads at the drive (read but not yet taken from `done`: not there)."""
-        while reads.waiting and reads.free and len(reads.reading) - len(reads.done) < self.in_flight:
-            index, chunk = reads.waiting.pop(0)
-            self._submit(index, chunk, reads.free, reads.reading, futures)
-
-    def _run(self, reads: _Reads, futures: list[Future], use_for) -> None:
-        try:
-            while reads.waiting or reads.reading:
-                self._fill(reads, futures)
-                if len(reads.done) < len(reads.reading):
-                    reads.done.extend(self.ring.wait(0 if reads.done else 1))
-                    self._fill(reads, futures)  # the next read queued before the chunk that completed is touched
-                if not reads.done:
+            while waiting or reading:
+                fill()
+                if len(done) < len(reading):
+                    done.extend(self.ring.wait(0 if done else 1))
+                    fill()  # the next read queued before the chunk that completed is touched
+                if not done:
                     continue
-                tag, result = reads.done.pop(0)
-                index, chunk, fd, started = reads.reading.pop(tag)
+                tag, result = done.pop(0)
+                index, chunk, fd, started = reading.pop(tag)
                 os.close(fd)
                 futures[index].set_result(self._finish(chunk, tag, result, started, use_for))
-                reads.free.append(tag)
+                free.append(tag)
         except BaseException as exc:
-            for tag, (_, _, fd, _) in reads.reading.items():
+            for tag, (_, _, fd, _) in reading.items():
                 os.close(fd)
             for future in futures:
                 if not future.done():

@@ -105,8 +105,8 @@ class WorkerSide:
                                 self.config.read_bytes_per_s, self.counters, huge_pages=self.config.huge_pages)
         if not self._cuda and self.config.load_io == "aio":
             if aio_available():
+                self._aio = AioLoads(self.store, self.config.io_threads)
                 self._aio_pool = self._io_pool(LOAD_THREADS, 1)
-                self._aio = AioLoads(self.store, self.config.io_threads, self._aio_pool)
             else:
                 log.warning("kvoffload: load_io aio: this kernel has no native AIO; loads run on threads")
         self.counters.set("loads_on_aio", 1.0 if self._aio is not None else 0.0)
@@ -123,17 +123,19 @@ class WorkerSide:
         sync = []
         for job in meta.loads:
             # Chunks are read in parallel; the request is released when all are in. An emulated drive's
-            # access latency (read_latency_ms) holds every read of this load until it has passed.
-            not_before = time.perf_counter() + self.config.read_latency_s
+            # access latency (read_latency_ms) holds every read of this load until it has passed. The load is
+            # timed from its hand-over, as the drive's reference times its requests (drive/probe.py, timed_groups).
+            started = time.perf_counter()
+            not_before = started + self.config.read_latency_s
             if self._aio is not None:
                 futures = [Future() for _ in job.chunks]
-                self._aio.start(job.chunks, futures, self._scatter_for, not_before)
+                self._aio_pool.submit(self._aio.load, job.chunks, futures, self._scatter_for, not_before)
             else:
                 futures = [self.load_pool.submit(self._load_chunk, chunk, not_before) for chunk in job.chunks]
             if job.sync:
-                sync.append((job, futures, time.perf_counter()))
+                sync.append((job, futures, started))
             else:
-                self._loads[job.req_id] = (job, futures, time.perf_counter())
+                self._loads[job.req_id] = (job, futures, started)
         if meta.loads and not sync:
             self._hand_over()
         for job, futures, started in sync:
