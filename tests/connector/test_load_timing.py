@@ -10,16 +10,7 @@ import pytest
 from test_aio_loads import saved
 
 from pytest_kvoffload.connector.metadata import KVOffloadMetadata, LoadJob
-
-
-def wait_loaded(side, req_id, deadline_s=30.0):
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        _, received = side.get_finished(set())
-        if received and req_id in received:
-            return
-        time.sleep(0.002)
-    raise AssertionError(f"load {req_id} never finished")
+from pytest_kvoffload.drive.worker_probe import wait_done
 
 
 @pytest.mark.parametrize("sync", [False, True])
@@ -37,7 +28,7 @@ def test_the_hand_over_counts_in_a_loads_time(tmp_path, monkeypatch, sync, load_
     side.counters.drain()
     side.start_load_kv(KVOffloadMetadata(loads=[LoadJob("r", load.loads[0].chunks, sync=sync)]))
     if not sync:
-        wait_loaded(side, "r")
+        wait_done(side, "r", loading=True)
     # the control: timed from after the hand-over, the load took a few ms of the drive
     assert side.counters.drain()["load_wall_seconds"] >= 0.03
     side.shutdown()
