@@ -9,6 +9,16 @@ one CPU, 1 MiB chunks): raw drive / ours 0.76 and 0.77 against 0.66 and 0.70 (tw
 docs/notes/2026-12-03-aio.md). What is left is the drive itself: the host copies each read into the
 guest's memory, and a core copying memory beside it (the scatter) slowed raw reads by a fifth.
 
+A load's last read goes alone: it is queued only once the drive has reported every read before it. A drive may
+report reads queued together at once (the 2-core VM's virtio disk reports them when its queue empties: two 2
+MiB reads queued together, or the second 0.5 ms after the first, were both reported 2.0 ms after the first was
+queued, one alone at 1.08 ms; docs/notes/2026-12-04-last-read.md), and then the chunks of the last reads were
+all checked and scattered after the drive was done. Alone, the last read is in flight while the chunks before
+it are handled, and only its own chunk's work follows the drive. On that VM, paired against the raw drive in
+the same loads (medians of six to eight passes): loads of two 2 MiB chunks went from 0.65 to 0.78 of the
+drive, of eight stayed at 0.84 and 0.83; with the tiny model's 1 MiB chunks, whose check and scatter take
+about as long as the alone read's wait, no difference showed (two chunks 0.66 and 0.63, eight 0.77 and 0.79).
+
 Linux AIO reads asynchronously only with O_DIRECT (buffered, io_submit reads before it returns: still
 correct). `available()` says whether this kernel and machine have it; the worker falls back to threads
 where not.
@@ -95,8 +105,8 @@ def available() -> bool:
 
 
 class AioLoads:
-    """Loads, one at a time, with `io_threads` reads queued, each chunk checked and scattered as it
-    completes. Only one thread may call `load` (worker.py gives it a pool of one thread)."""
+    """Loads, one at a time, with `io_threads` reads queued (a load's last read alone), each chunk checked and
+    scattered as it completes. Only one thread may call `load` (worker.py gives it a pool of one thread)."""
 
     def __init__(self, store, io_threads: int) -> None:
         self.store = store
@@ -118,6 +128,8 @@ class AioLoads:
         done: list[tuple[int, int]] = []  # (buffer, bytes read or -errno), in order of completion
         def fill() -> None:  # io_threads reads at the drive (read but not yet taken from `done`: not there)
             while waiting and free and len(reading) - len(done) < self.in_flight:
+                if len(waiting) == 1 and len(reading) > len(done):
+                    return  # the last read goes alone (above), once those at the drive are reported
                 index, chunk = waiting.pop(0)
                 self._submit(index, chunk, free, reading, futures)
 

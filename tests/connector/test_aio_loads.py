@@ -1,6 +1,6 @@
 """Loads on native AIO (aio_loads.py, load_io=aio): at most io_threads reads queued, the next queued before a
-completed chunk is scattered, and a missing, damaged or unreadable chunk a counted miss whose blocks are
-recomputed, as with threads."""
+completed chunk is scattered, a load's last read queued alone once the reads before it are reported, and a
+missing, damaged or unreadable chunk a counted miss whose blocks are recomputed, as with threads."""
 
 import os
 import time
@@ -30,12 +30,13 @@ def saved(tmp_path, n=8, **extra):
 def slow_drive(side, monkeypatch, latency_s=0.005):
     """The ring's reads complete `latency_s` after their submission (a drive far slower than the scatter of
     the test's small chunks, as a real drive is against a real model's), counted in flight until seen."""
-    ring, state = side._aio.ring, {"now": 0, "most": 0, "at_scatter": []}
+    ring, state = side._aio.ring, {"now": 0, "most": 0, "at_scatter": [], "at_submit": []}
     submit, wait, held, due = ring.submit, ring.wait, [], {}
 
     def slow_submit(tag, *args):
         submit(tag, *args)
         due[tag] = time.monotonic() + latency_s
+        state["at_submit"].append(state["now"])  # reads at the drive, not yet reported, as this one was queued
         state["now"] += 1
         state["most"] = max(state["most"], state["now"])
 
@@ -66,10 +67,14 @@ def test_reads_stay_at_io_threads_and_the_next_is_queued_before_a_chunk_is_scatt
     side.start_load_kv(load)
     assert side.counters.drain()["chunks_read"] == 8
     assert all(torch_equal(a, b) for a, b in zip(side.layers, expected))
-    # io_threads (2) queued at most; while each of the first six chunks was scattered two reads were queued
+    # io_threads (2) queued at most; while each of the first five chunks was scattered two reads were queued
     # (the control: the next read queued only after the completed chunk was handled, fewer were).
     assert state["most"] == 2
-    assert state["at_scatter"][:6] == [2] * 6, state["at_scatter"]
+    assert state["at_scatter"][:5] == [2] * 5, state["at_scatter"]
+    # The last read was queued alone, once every read before it was reported (0 at the drive), and was in
+    # flight while the seventh chunk was scattered; the first seven were queued beside another read.
+    assert state["at_submit"] == [0, 1, 1, 1, 1, 1, 1, 0], state["at_submit"]
+    assert state["at_scatter"][5:] == [1, 1, 0], state["at_scatter"]
     side.shutdown()
 
 
