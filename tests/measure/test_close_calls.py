@@ -182,3 +182,10 @@ def test_the_runs_close_calls_are_shared_among_the_other_backends_in_turn():
     assert close_calls.share(4, 1, 1) == 3 and close_calls.share(4, 2, 1) == 2
     assert close_calls.share(4, 0, 3) == 1 and close_calls.share(4, 4, 1) == 0 and close_calls.share(4, 6, 1) == 0
     assert close_calls.share(4, 0, 0) == 4  # a backend counted as none left still gets what is left
+
+
+def test_render_names_the_close_calls_left_to_the_grids_verdict():
+    text = close_calls.render([], "kvoffload-disk", [{"other": "native-disk", "length": 512, "fraction": 0.5,
+                                                       "margin": 0.19}])
+    assert f"native-disk 512 x 0.5: not settled (the grid's p50 19% from its bound; past the run's " \
+           f"{close_calls.MOST}): the grid's verdict stands" in text

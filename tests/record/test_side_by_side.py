@@ -47,3 +47,16 @@ def test_each_cells_ms_carries_its_rounds_spread_where_the_cell_kept_it():
     assert "34 (29 to 41)" in row  # ours: p50, fastest and slowest round
     assert " 35 " in row and "35 (" not in row  # a cell without them: the p50 alone
     assert "met (<= 37 ms)" in row  # the target still judges the p50
+
+
+def test_a_close_call_the_run_left_to_the_grid_says_so_beside_the_grids_verdict():
+    from pytest_kvoffload.record.report import CLOSE_CALLS
+
+    cells = [hit("kvoffload-disk", 512, 0.5, 40, 256), hit("native-disk", 512, 0.5, 32, 256),
+             hit("kvoffload-disk", 2048, 0.5, 144, 1024), hit("native-disk", 2048, 0.5, 132, 1024)]
+    left = [{"other": "native-disk", "length": 512, "fraction": 0.5, "margin": 0.19}]
+    run = {"options": {"model": {"kv_bytes_per_token": 4096}}, "cells": cells,
+           "benchmarks": {CLOSE_CALLS: {"cells": [], "left": left}}}
+    rows = {tuple(line.split()[:3]): line for line in side_by_side_lines(run)[1].splitlines()[2:]}
+    assert "MISSED (<= 34 ms; a close call, not settled)" in rows[("native-disk", "512", "0.5")]
+    assert rows[("native-disk", "2048", "0.5")].endswith("MISSED (<= 139 ms)")  # not a close call left
