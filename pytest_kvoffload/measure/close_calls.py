@@ -156,7 +156,8 @@ def render(settled: list[dict], ours: str, left: list[dict] = ()) -> str:
                      + (f"; {'; '.join(s['failures'][:2])}" if s["failures"] else ""))
     for c in left:
         lines.append(f"  {c['other']} {c['length']} x {c['fraction']:g}: not settled (the grid's p50 "
-                     f"{c['margin']:.0%} from its bound; past the run's {MOST}): the grid's verdict stands")
+                     f"{c['margin']:.0%} from its bound; past its tier's share of the run's {MOST}): the grid's "
+                     "verdict stands")
     return "\n".join(lines)
 
 

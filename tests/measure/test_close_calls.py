@@ -187,5 +187,5 @@ def test_the_runs_close_calls_are_shared_among_the_other_backends_in_turn():
 def test_render_names_the_close_calls_left_to_the_grids_verdict():
     text = close_calls.render([], "kvoffload-disk", [{"other": "native-disk", "length": 512, "fraction": 0.5,
                                                        "margin": 0.19}])
-    assert f"native-disk 512 x 0.5: not settled (the grid's p50 19% from its bound; past the run's " \
-           f"{close_calls.MOST}): the grid's verdict stands" in text
+    assert f"native-disk 512 x 0.5: not settled (the grid's p50 19% from its bound; past its tier's share of " \
+           f"the run's {close_calls.MOST}): the grid's verdict stands" in text
