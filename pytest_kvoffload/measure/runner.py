@@ -37,7 +37,10 @@ def first_difference(got: list[int], want: list[int], want_top: list[dict[int, f
             top = want_top[i] if want_top and i < len(want_top) else {}
             if a in top and b in top and top[b] - top[a] <= TIE_NATS:
                 return None  # a near-tie: what follows it may differ legitimately
-            return f"output token {i}: {a} where a recompute gives {b}"
+            # How far off, so that a failure tells a near-tie just past TIE_NATS from KV that is wrong.
+            where = (f" ({top[b] - top[a]:.3f} nats below it)" if a in top and b in top else
+                     f" (not among its {len(top)} likeliest)" if b in top else "")
+            return f"output token {i}: {a} where a recompute gives {b}{where}"
     if len(got) != len(want):
         return f"{len(got)} output tokens where a recompute gives {len(want)}"
     return None

@@ -61,8 +61,12 @@ def test_output_comparison_names_the_first_difference_and_forgives_only_near_tie
     near_tie = [{5: -0.1}, {6: -0.70, 9: -0.75}, {7: -0.2}]
     assert first_difference([5, 9, 1], [5, 6, 7], near_tie) is None
     clear = [{5: -0.1}, {6: -0.2, 9: -2.5}, {7: -0.2}]
-    assert first_difference([5, 9, 7], [5, 6, 7], clear) == "output token 1: 9 where a recompute gives 6"
-    assert first_difference([5, 4, 7], [5, 6, 7], near_tie).startswith("output token 1")  # 4 not a contender
+    assert first_difference([5, 9, 7], [5, 6, 7], clear) == \
+        "output token 1: 9 where a recompute gives 6 (2.300 nats below it)"
+    assert first_difference([5, 4, 7], [5, 6, 7], near_tie) == \
+        "output token 1: 4 where a recompute gives 6 (not among its 2 likeliest)"  # 4 not a contender
+    just_past = [{5: -0.1}, {6: -3.809, 9: -3.934}, {7: -0.2}]  # the top two of a failed check (CI, 2026-12-04)
+    assert first_difference([5, 9, 7], [5, 6, 7], just_past).endswith("(0.125 nats below it)")
     # Seen in bf16: three tokens within 0.031 nats, the hit taking the third likeliest.
     three_way = [{5: -0.1}, {6: -4.345, 8: -4.376, 9: -4.38, 3: -5.1}, {7: -0.2}]
     assert first_difference([5, 9, 1], [5, 6, 7], three_way) is None
