@@ -145,7 +145,7 @@ class AioLoads:
             while waiting and len(opened) < n:
                 index, chunk = waiting.pop(0)
                 started = time.perf_counter()
-                fd = self.store.open_chunk(chunk.key, chunk.count or self.store.layout.blocks)
+                fd = self.store.open_chunk(chunk.key, self._blocks(chunk))
                 if fd is None:
                     futures[index].set_result((False, time.perf_counter()))
                 else:
@@ -153,9 +153,9 @@ class AioLoads:
 
         def fill() -> None:  # io_threads reads at the drive (read but not yet taken from `done`: not there)
             batch = []
-            while free and len(reading) - len(done) + len(batch) < self.in_flight:
+            while free and (at_drive := len(reading) - len(done) + len(batch)) < self.in_flight:
                 open_ahead(1)
-                if not opened or (len(opened) == 1 and not waiting and len(reading) - len(done) + len(batch)):
+                if not opened or (len(opened) == 1 and not waiting and at_drive):
                     break  # none left, or the last read, which goes alone (above) once those queued are reported
                 index, chunk, fd, open_s = opened.pop(0)
                 # A chunk's read time (load_seconds) runs from its open, as if opened when queued: a file opened
@@ -194,10 +194,10 @@ class AioLoads:
         """Queue `batch`, (buffer, (index, chunk, fd, started)) each, in one call; a read the kernel did not
         queue is a counted failure (its blocks are recomputed)."""
         reads = [(tag, fd, self.buffers[tag].ctypes.data,
-                  self.store.layout.file_bytes_for(chunk.count or self.store.layout.blocks))
+                  self.store.layout.file_bytes_for(self._blocks(chunk)))
                  for tag, (_, chunk, fd, _) in batch]
         try:
-            queued, error = self.ring.submit(reads), OSError(errno.EAGAIN, "the kernel queued fewer reads")
+            queued, error = self.ring.submit(reads), None
         except OSError as exc:
             queued, error = 0, exc
         for n, (tag, entry) in enumerate(batch):
@@ -207,16 +207,21 @@ class AioLoads:
             index, chunk, fd, _ = entry
             os.close(fd)
             free.append(tag)
+            error = error or OSError(errno.EAGAIN, "the kernel queued fewer reads")
             futures[index].set_result((self.store.read_failed(chunk.key, error), time.perf_counter()))
 
     def _finish(self, chunk, tag: int, result: int, started: float, use_for) -> tuple[bool, float]:
         if result < 0:
             return self.store.read_failed(chunk.key, OSError(-result, os.strerror(-result))), time.perf_counter()
-        blocks = chunk.count or self.store.layout.blocks
+        blocks = self._blocks(chunk)
         buffer = self.buffers[tag]
         ok = self.store.finish_read(chunk.key, buffer, blocks, result, started, used=len(chunk.blocks),
                                     use=use_for(chunk, buffer, blocks))
         return ok, time.perf_counter()
+
+    def _blocks(self, chunk) -> int:
+        """The blocks in `chunk`'s file: a whole chunk's unless the file ends in a partial one."""
+        return chunk.count or self.store.layout.blocks
 
     def close(self) -> None:
         self.ring.close()

@@ -68,9 +68,9 @@ def engine_drift(ours_engine_s: float | None, theirs_engine_s: float | None) -> 
 
 
 def close_calls(cells: list[dict], ours: str, others: list[str], kv_bytes_per_token: float | None,
-                drive_gbps: float | None, most: int = MOST) -> list[CloseCall]:
+                drive_gbps: float | None, most: int | None = MOST) -> list[CloseCall]:
     """The tier-hit cells of `ours` against each of `others` whose target the grid's rounds cannot decide,
-    nearest the bound first, `most` at most."""
+    nearest the bound first, `most` at most (None: all)."""
     hits = {(c["backend"], c["length"], c["fraction"]): c for c in cells if c["state"] == State.TIER_HIT.value}
     engines = {(c["backend"], c["length"], c["fraction"]): c["ttft"]["p50"] for c in cells
                if c["state"] == State.ENGINE_HIT.value}
@@ -135,7 +135,7 @@ def settle_all(recorder: Recorder, servers: Servers, backends: dict, ours: str,
     others = sorted({c["backend"] for c in cells if c["state"] == State.TIER_HIT.value and c["backend"] != ours
                      and c["backend"] in backends and backends[c["backend"]].user_facing})
     drive = (recorder.environment().get("drive") or {}).get("read_gbps")
-    every = close_calls(cells, ours, others, recorder.settings.kv_bytes_per_token, drive, len(cells))
+    every = close_calls(cells, ours, others, recorder.settings.kv_bytes_per_token, drive, most=None)
     calls = grouped(every[:most], servers.running)
     settled = []
     for n, call in enumerate(calls, 1):
