@@ -151,7 +151,7 @@ def render(settled: list[dict], ours: str, left: list[dict] = ()) -> str:
              "the bound drawn from that round's other tier; met at 1 or less)"]
     for s in settled:
         ratios = ", ".join(f"{r:.2f}" for r in s["ratios"])
-        lines.append(f"  {s['other']} {s['length']} x {s['fraction']:g}: median {s['median_of_bound']:.2f} "
+        lines.append(f"  {s['other']} {s['length']} x {s['fraction']:g}: median {s['median_of_bound']:.3f} "
                      f"({ratios}): {'met' if s['met'] else 'MISSED'}"
                      + (f"; {'; '.join(s['failures'][:2])}" if s["failures"] else ""))
     for c in left:

@@ -273,3 +273,18 @@ def test_a_rounds_loads_are_the_files_its_hits_read_from_the_drive(tmp_path):
     assert beside.after_round(4, 0.0, CountersMoved()).burst == 4  # no saves counted: one burst
     assert CountersMoved.between({"save_batches": 3.0}, {"save_batches": 5.0}).save_batches == 2.0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_targets_ratios_print_three_places_so_a_near_miss_does_not_read_as_the_target():
+    from pytest_kvoffload.drive.beside import DriveBeside, pattern_lines
+    from pytest_kvoffload.drive.probe import BurstResult
+    from pytest_kvoffload.drive.rate import Rate
+
+    beside = DriveBeside(Path("."), 1 << 20, threads=2)
+    beside.rounds = [BurstResult("x", 1 << 20, 4, 0.0, 2, Rate(2.0, 2.0, 2.0), Rate(2.0, 2.0, 2.0), 4,
+                                 Rate(1.6216, 1.6216, 1.6216))]
+    figures: dict = {}
+    # make bench b75's figures: 1,456 MB/s delivered against 1,622 is 0.898, which two places print as 0.90.
+    text = pattern_lines(figures, beside, {}, None, None, 0.0, {}, {"read": 1.4556, "write": 1.8}, None)
+    assert "READ 0.898 (1,456 against 1,622 MB/s)" in text and "WRITE 0.900" in text
+    assert figures["read_vs_drive_in_pattern"] == pytest.approx(1.4556 / 1.6216)

@@ -121,16 +121,22 @@ def test_a_failed_output_check_in_the_rounds_is_never_met(monkeypatch):
 def test_the_report_judges_a_settled_close_call_by_its_rounds_and_still_counts_tokens():
     run = {"options": {"model": {"kv_bytes_per_token": KV}}, "environment": {"drive": {"read_gbps": DRIVE}},
            "cells": CELLS[:4] + [hit("kvoffload-disk", 2048, 0.5, 140, 139, 141, 896),
-                                 hit("native-disk", 2048, 0.5, 150, 149, 151, 1024)],
+                                 hit("native-disk", 2048, 0.5, 150, 149, 151, 1024),
+                                 hit("kvoffload-disk", 1024, 0.5, 100, 99, 101, 512),
+                                 hit("native-disk", 1024, 0.5, 100, 99, 101, 512)],
            "benchmarks": {CLOSE_CALLS: {"cells": [
                {"other": "native-disk", "length": 4096, "fraction": 0.5, "ratios": [0.97, 0.99, 1.0, 0.96, 0.98],
                 "median_of_bound": 0.98, "met": True},
                {"other": "native-disk", "length": 2048, "fraction": 0.5, "ratios": [0.9] * 5,
-                "median_of_bound": 0.9, "met": True}]}}}
+                "median_of_bound": 0.9, "met": True},
+               {"other": "native-disk", "length": 1024, "fraction": 0.5, "ratios": [1.1, 0.93, 1.004, 1.01, 0.9],
+                "median_of_bound": 1.004, "met": False}]}}}
     rows = {tuple(line.split()[:3]): line for line in side_by_side_lines(run)[1].splitlines()[2:]}
-    assert "met (paired 0.98 of the bound, 5 rounds; grid p50s missed)" in rows[("native-disk", "4096", "0.5")]
+    assert "met (paired 0.980 of the bound, 5 rounds; grid p50s missed)" in rows[("native-disk", "4096", "0.5")]
     assert rows[("native-disk", "2048", "0.5")].rstrip().endswith("grid p50s met)")
-    assert "MISSED (paired 0.90" in rows[("native-disk", "2048", "0.5")]  # fewer cached tokens than theirs
+    assert "MISSED (paired 0.900" in rows[("native-disk", "2048", "0.5")]  # fewer cached tokens than theirs
+    # A miss by under half a percent reads as one: at two places it read "MISSED (paired 1.00 of the bound".
+    assert "MISSED (paired 1.004 of the bound, 5 rounds; grid p50s met)" in rows[("native-disk", "1024", "0.5")]
     assert "met (<= 47 ms)" in rows[("native-disk", "4096", "1")]  # not a close call: the grid's verdict
 
 
@@ -189,3 +195,10 @@ def test_render_names_the_close_calls_left_to_the_grids_verdict():
                                                        "margin": 0.19}])
     assert f"native-disk 512 x 0.5: not settled (the grid's p50 19% from its bound; past its tier's share of " \
            f"the run's {close_calls.MOST}): the grid's verdict stands" in text
+
+
+def test_render_prints_a_settled_median_to_three_places_so_a_near_miss_reads_as_one():
+    settled = [{"other": "native-cpu", "length": 4096, "fraction": 0.5, "ratios": [1.1, 0.93, 0.9, 1.01, 1.004],
+                "median_of_bound": 1.004, "met": False, "failures": []}]
+    assert "native-cpu 4096 x 0.5: median 1.004 (1.10, 0.93, 0.90, 1.01, 1.00): MISSED" in \
+        close_calls.render(settled, "kvoffload-disk")
