@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pytest_kvoffload.core.tier_target import allowance_s, bound_s
+from pytest_kvoffload.core.tier_target import allowance_s, bound_s, of_bound_text
 from pytest_kvoffload.measure import ab
 from pytest_kvoffload.measure.cells import Cell, State
 from pytest_kvoffload.measure.context import Recorder, Servers
@@ -151,7 +151,7 @@ def render(settled: list[dict], ours: str, left: list[dict] = ()) -> str:
              "the bound drawn from that round's other tier; met at 1 or less)"]
     for s in settled:
         ratios = ", ".join(f"{r:.2f}" for r in s["ratios"])
-        lines.append(f"  {s['other']} {s['length']} x {s['fraction']:g}: median {s['median_of_bound']:.3f} "
+        lines.append(f"  {s['other']} {s['length']} x {s['fraction']:g}: median {of_bound_text(s['median_of_bound'])} "
                      f"({ratios}): {'met' if s['met'] else 'MISSED'}"
                      + (f"; {'; '.join(s['failures'][:2])}" if s["failures"] else ""))
     for c in left:

@@ -10,7 +10,8 @@ from tabulate import tabulate
 from pytest_kvoffload.measure.cells import State
 from pytest_kvoffload.record.stats import quantile
 from pytest_kvoffload.record.stats import excluded
-from pytest_kvoffload.core.tier_target import TARGET_RATIO, allowance_s, bound_s, enough_tokens, tier_tokens
+from pytest_kvoffload.core.tier_target import (TARGET_RATIO, allowance_s, bound_s, enough_tokens, of_bound_text,
+                                               tier_tokens)
 
 
 def _ms(seconds: float | None) -> str:
@@ -180,8 +181,7 @@ def _target(ours: dict, theirs: dict, kv_bytes_per_token: float | None, drive_gb
     tokens = enough_tokens(ours, theirs)
     if settled is not None:
         met = tokens and settled["met"]
-        # Three places: at two, b69's miss at a paired median just over the bound read "MISSED (paired 1.00".
-        return (f"{'met' if met else 'MISSED'} (paired {settled['median_of_bound']:.3f} of the bound, "
+        return (f"{'met' if met else 'MISSED'} (paired {of_bound_text(settled['median_of_bound'])} of the bound, "
                 f"{len(settled['ratios'])} rounds; grid p50s {'met' if _grid_met(ours, theirs, allowance) else 'missed'})")
     bound = bound_s(theirs["ttft"]["p50"], allowance)
     met = tokens and _grid_met(ours, theirs, allowance)
