@@ -45,9 +45,11 @@ def _kvoffload_disk(ctx: LaunchContext) -> ServerSpec:
 
 
 # kv_connector_extra_config keys vLLM 0.32/0.33's CPUOffloadingSpec and OffloadingSpec read
-# (vllm/v1/kv_offload/cpu/spec.py, base.py); TieringOffloadingSpec adds `backpressure`.
+# (vllm/v1/kv_offload/cpu/spec.py, base.py; tests/serve/test_vllm_release.py checks them against 0.33's source).
 NATIVE_OPTIONS = frozenset({"eviction_policy", "cache_policy_module_path", "store_threshold", "max_tracker_size",
                             "block_size", "offload_prompt_only", "cpu_bytes_to_use"})
+# TieringOffloadingSpec adds `backpressure`, and raises "store_threshold is not supported" for one of 2 or more.
+NATIVE_DISK_OPTIONS = (NATIVE_OPTIONS - {"store_threshold"}) | frozenset({"backpressure"})
 
 
 def native_spec(spec: str) -> dict:
@@ -67,9 +69,8 @@ def native_platform_note() -> str | None:
 
 def _native_cpu(ctx: LaunchContext) -> ServerSpec:
     size = ctx.settings.cpu_gib
-    if machine.has_cuda():
-        return ServerSpec(args=["--kv-offloading-size", str(size), "--kv-offloading-backend", "native"])
-    # What --kv-offloading-backend native expands to (vllm/config/vllm.py), with the CPU-platform spec.
+    # What --kv-offloading-size with --kv-offloading-backend native expands to (vllm/config/vllm.py,
+    # _post_init_kv_transfer_config), written out on both platforms so that a variant's options reach it.
     config = {
         "kv_connector": "OffloadingConnector",
         "kv_role": "kv_both",
@@ -195,7 +196,7 @@ def builtin_backends() -> list[Backend]:
             description="vLLM's OffloadingConnector with a file-system tier behind a CPU tier",
             tier="disk",
             configure=_native_disk,
-            option_keys=NATIVE_OPTIONS | frozenset({"backpressure"}),
+            option_keys=NATIVE_DISK_OPTIONS,
             platform_note=native_platform_note,
             load_proof=native_load_proof,
             # The CPU tier in front of the files keeps what was just stored, the last block included.

@@ -63,13 +63,19 @@ def test_kvoffload_disk_options_pass_through(tmp_path):
     assert extra == {"store_dir": "/nvme/kv", "read_gbps": 6, "chunk_tokens": 256, "capacity_gb": 64.0}
 
 
-def test_native_cpu_uses_vllm_offloading_flags_on_a_gpu(tmp_path, monkeypatch):
+def test_native_cpu_on_a_gpu_is_what_vllms_offloading_flags_expand_to_so_variants_reach_it(tmp_path, monkeypatch):
     from pytest_kvoffload.core import machine
+    from pytest_kvoffload.harness.backend_options import parse_variant
     monkeypatch.setattr(machine, "has_cuda", lambda: True)
     argv, _ = command("native-cpu", tmp_path, cpu_gib=32.0)
-    assert argv[argv.index("--kv-offloading-size") + 1] == "32.0"
-    assert argv[argv.index("--kv-offloading-backend") + 1] == "native"
-    assert "--kv-transfer-config" not in argv
+    assert "--kv-offloading-size" not in argv
+    config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert (config["kv_connector"], config["kv_role"]) == ("OffloadingConnector", "kv_both")
+    assert config["kv_connector_extra_config"] == {"cpu_bytes_to_use": 32 * 2**30, "spec_name": "CPUOffloadingSpec"}
+    variant = parse_variant("native-cpu[eviction_policy=arc]", default_registry())
+    argv, _ = server_command(variant, LaunchContext(settings(cpu_gib=32.0), tmp_path), 8123)
+    assert json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"][
+        "eviction_policy"] == "arc"
 
 
 def test_native_cpu_uses_the_cpu_platform_spec_without_a_gpu(tmp_path, monkeypatch):
@@ -333,10 +339,29 @@ def test_cuda_servers_get_memory_utilization_and_tensor_parallelism(tmp_path, mo
 @pytest.fixture(scope="module")
 def vllm_parser():
     pytest.importorskip("vllm")
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    try:  # vLLM 0.33 moved the server's parser (vllm/entrypoints/common/cli_args.py)
+        from vllm.entrypoints.common.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     return make_arg_parser(FlexibleArgumentParser())
+
+
+def parse_or_fail(parser, argv):
+    """vLLM's parse of a command line; an unknown flag or bad value fails the test in one line, not an error."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit:
+        known = {s for a in parser._actions for s in a.option_strings}
+        unknown = [t.partition("=")[0] for t in argv if t.startswith("--") and t.partition("=")[0] not in known]
+        pytest.fail(f"the installed vLLM refuses this command line (unknown: {unknown or 'none'}): {argv}")
+
+
+def test_a_planted_unknown_flag_fails_the_parse_check(vllm_parser, tmp_path):
+    argv, _ = command("gpu-only", tmp_path, server_args=("--no-such-flag", "1"))
+    with pytest.raises(pytest.fail.Exception, match="unknown: \\['--no-such-flag'\\]"):
+        parse_or_fail(vllm_parser, argv[3:])
 
 
 @pytest.mark.parametrize("name", ["gpu-only", "native-cpu", "lmcache-disk", "native-disk", "kvoffload-disk",
@@ -349,12 +374,10 @@ def test_every_backend_command_parses_with_the_installed_vllm(vllm_parser, tmp_p
         pytest.skip(f"{name} has no CPU-platform command line")
     argv, _ = command(name, tmp_path, tensor_parallel=2, server_args=("--max-num-batched-tokens", "2048"))
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    args = vllm_parser.parse_args(argv[3:])
+    args = parse_or_fail(vllm_parser, argv[3:])
     assert args.tensor_parallel_size == 2 and (args.gpu_memory_utilization == 0.9 or not cuda)
     assert args.max_num_batched_tokens == 2048 and args.enable_prefix_caching
-    if name == "native-cpu" and cuda:
-        assert (args.kv_offloading_size, args.kv_offloading_backend) == (16.0, "native")
-    elif name != "gpu-only":
+    if name != "gpu-only":
         assert args.kv_transfer_config.kv_role == "kv_both"
 
 
@@ -431,7 +454,7 @@ def test_one_process_cpu_servers_get_vllms_uniprocess_executor_and_the_same_thre
     for var in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "VLLM_CPU_NUM_OF_RESERVED_CPU"):
         monkeypatch.delenv(var, raising=False)
     argv, env = command(name, tmp_path, engine="one-process", server_args=("--max-num-seqs", "4"))
-    assert vllm_parser.parse_args(argv[3:]).distributed_executor_backend == "uni"
+    assert parse_or_fail(vllm_parser, argv[3:]).distributed_executor_backend == "uni"
     assert argv[-2:] == ["--max-num-seqs", "4"]  # the user's arguments still come last
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
     assert env["OMP_NUM_THREADS"] == str(len(cpu_engine.compute_cpus(1)))
