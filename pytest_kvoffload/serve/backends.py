@@ -95,6 +95,9 @@ class Backend:
     serves_all_but_last_token: bool = False
     # Python modules the backend's processes import besides vLLM (LMCache's server: "lmcache").
     needs_modules: tuple[str, ...] = ()
+    # Modules the server loads into vLLM that a build against another torch or vLLM breaks (compiled ops,
+    # our connector), imported in the server's Python before it starts (serve/server_imports.py).
+    server_imports: Callable[[], tuple[str, ...]] = lambda: ()
     # What a started server's log says of it, for run.json (which connector class vLLM loaded).
     started_facts: Callable[[Path], dict] | None = None
     # What differs on this platform from the backend as users deploy it, in one line (None: nothing).

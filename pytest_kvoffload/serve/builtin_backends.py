@@ -148,6 +148,16 @@ def native_load_proof(connector: dict, tokens: int, kv_bytes_per_token: int) -> 
     return None
 
 
+def native_imports() -> tuple[str, ...]:
+    # vLLM's own offloading on a GPU; this package's copy worker on the CPU platform (cpu_copy_worker.py).
+    return () if machine.has_cuda() else (CPU_PLATFORM_SPEC_MODULE,)
+
+
+def lmcache_imports(connector: str) -> tuple[str, ...]:
+    # LMCache's compiled CUDA ops link libtorch's symbols: a build for another torch fails at import.
+    return ("lmcache.cuda_ops" if machine.has_cuda() else "lmcache.lmcache_native", connector)
+
+
 def _empty_folder(path: Path) -> None:
     if path.is_dir():
         for child in path.iterdir():
@@ -169,6 +179,7 @@ def builtin_backends() -> list[Backend]:
             option_keys=NATIVE_OPTIONS,
             platform_note=native_platform_note,
             load_proof=native_load_proof,
+            server_imports=native_imports,
             last_block_source="host",
             # vLLM 0.33's CPUOffloadingSpec stores on first sight (store_threshold defaults to 0), but a
             # store_threshold of 2 stores only on the second lookup: prime twice to be right under both.
@@ -181,6 +192,7 @@ def builtin_backends() -> list[Backend]:
             tier="external_unspecified",
             configure=_lmcache_disk,
             needs_modules=("lmcache",),
+            server_imports=lambda: lmcache_imports("lmcache.integration.vllm.lmcache_mp_connector"),
             tier_granularity=lambda s: lmcache.CHUNK_TOKENS,
             # Whole chunks only; a prompt it holds whole it serves but for the last token (prompts.expected_cached).
             last_block_source="external_unspecified",
@@ -199,6 +211,7 @@ def builtin_backends() -> list[Backend]:
             option_keys=NATIVE_DISK_OPTIONS,
             platform_note=native_platform_note,
             load_proof=native_load_proof,
+            server_imports=native_imports,
             # The CPU tier in front of the files keeps what was just stored, the last block included.
             last_block_source="host",
             # reset_external drains the CPU tier and keeps the files (TieringOffloadingManager.reset_cache):
@@ -212,6 +225,7 @@ def builtin_backends() -> list[Backend]:
             tier="disk",
             configure=_kvoffload_disk,
             option_keys=CONNECTOR_OPTIONS - {"store_dir"},
+            server_imports=lambda: ("pytest_kvoffload.connector.connector",),
             # Matched block by block, the prompt's last block included (asynchronous loads, the default;
             # a load_mode=sync variant leaves it to the engine: harness/backend_options.py).
             last_block_source="disk",
@@ -225,6 +239,7 @@ def builtin_backends() -> list[Backend]:
             cuda_reason=("LMCache 0.5.6's in-process connector has no CPU path (CreateGPUConnector raises for "
                          "cpu); lmcache-disk runs LMCache's multiprocess server instead; docs/backends.md"),
             configure=_lmcache_inproc_disk,
+            server_imports=lambda: lmcache_imports("lmcache.integration.vllm.vllm_v1_adapter"),
             tier_granularity=lambda s: lmcache.CHUNK_TOKENS,
             reset_tier=lambda ctx: _empty_folder(ctx.scratch / "lmcache-inproc-disk"),
         ),

@@ -146,3 +146,27 @@ def test_a_prime_with_one_cached_block_is_no_reference_either(monkeypatch):
     runner.run(1)
     assert runner.colds.failures and "128 tokens came from cache" in runner.colds.failures[0]
     assert fake.requests[-1][2], "the output check must fall back to a recompute under a fresh cache_salt"
+
+
+def test_a_tier_hit_says_whether_a_load_proof_or_only_the_scheduler_verified_it(server):
+    from pytest_kvoffload.record.report import render
+    kept = []
+    hit_runner(kept, server, cold_prime=True).run(1)  # backend() has no load proof, as lmcache-inproc-disk
+    assert kept[-1]["state"] == "tier-hit" and kept[-1]["verified_by"] == "scheduler only"
+    assert "verified_by" not in kept[0]  # the cold request is no tier hit
+    proven = type(backend())(**{**backend().__dict__, "load_proof": lambda counters, tokens, kv: None})
+    kept_proven = []
+    CellRunner(recorder(kept_proven), proven, server, Cell(1025, 1.0, State.TIER_HIT), cold_prime=True).run(1)
+    assert kept_proven[-1]["verified_by"] == "load counters"
+    cells = [{"backend": "kvoffload-disk", "length": 1025, "fraction": f, "state": s,
+              "ttft": {"p50": 10.0, "spread": 0.0}, "sources": {}, "verified": True}
+             for f, s in ((0.0, "cold"), (1.0, "tier-hit"))]
+    run = {"backends": {"kvoffload-disk": {"status": "running"}}, "cells": cells}
+    assert "proven by vLLM's scheduler only" in render({**run, "measurements": kept})
+    assert "proven by vLLM's scheduler only" not in render({**run, "measurements": kept_proven})
+
+
+def test_lmcache_inproc_disk_is_the_one_tier_backend_without_a_load_proof():
+    registry = default_registry()
+    unproven = [n for n in registry.names() if registry.get(n).tier and registry.get(n).load_proof is None]
+    assert unproven == ["lmcache-inproc-disk"]
