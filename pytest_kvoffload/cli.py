@@ -87,34 +87,45 @@ def _report(args) -> int:
 
 
 def _compare_pair(label: str, base: dict, new: dict, limits: dict, allow_missing: bool) -> tuple[list[str], int]:
-    """Print one comparison's table; return what fails the gate, one line each, and the undecided cells."""
-    from pytest_kvoffload.record.compare import compare, limit, missing_backends, regressions, undecided
+    """Print one comparison's verdicts; return what fails the gate, one line each, and how many are undecided."""
+    from pytest_kvoffload.record.compare import compare, missing_backends
+    from pytest_kvoffload.core.tolerances import GATE_P90_ROUNDS
 
-    changes, only_base, only_new = compare(base, new)
-    rows = [[*c.key[:2], f"{c.key[2]:g}", c.key[3], c.stat, f"{c.base_s * 1e3:,.1f}", f"{c.new_s * 1e3:,.1f}",
-             f"{c.ratio:.3f}", f"±{c.tolerance * 100:.0f}%", c.verdict(limit(c.stat, limits))] for c in changes]
+    result = compare(base, new, limits["p50"], limits["p90"])
     print(f"{label}: base {base.get('run_id')}  new {new.get('run_id')}")
-    print(tabulate(rows, headers=["backend", "length", "cached", "state", "stat", "base ms", "new ms", "new/base",
-                                  "noise", "verdict"], disable_numparse=True))
-    for what, keys in (("only in base", only_base), ("only in new", only_new)):
+    print(f"per backend and state, geometric-mean TTFT new/base, 95% interval on the noise pooled over its cells "
+          f"(at most {1 + limits['p50']:.2f}):")
+    for group in result.groups:
+        print(f"  {group.text()}")
+    rows = [["/".join(map(str, key[:1])), key[1], f"{key[2]:g}", key[3], f"{b * 1e3:,.1f}", f"{n * 1e3:,.1f}",
+             f"{v.estimate:.3f}", v.interval_text(), v.outcome if v.decided or v.estimate > v.limit
+             else "undecided (its group decides)"] for key, v, b, n in result.cells]
+    print(f"{len(result.cells)} cell(s):")
+    print(tabulate(rows, headers=["backend", "length", "cached", "state", "base ms", "new ms", "new/base",
+                                  "interval", "verdict"], disable_numparse=True))
+    for key, verdict in result.p90:
+        print(f"  p90 {verdict.text()}")
+    if result.p90_skipped:
+        print(f"p90 not compared for {result.p90_skipped} cell(s): fewer than {GATE_P90_ROUNDS} rounds in a run "
+              "(its interval would be the run's slowest round alone)")
+    for what, keys in (("only in base", result.only_base), ("only in new", result.only_new)):
         if keys:
             print(f"{what}: " + ", ".join("/".join(str(k) for k in key) for key in keys))
-    open_cells = undecided(changes, limits)
-    if open_cells:
-        print(f"undecided: {len(open_cells)} cell(s) whose noise reaches past their limit (p50 "
-              f"{limits['p50']:.0%}, p90 {limits['p90']:.0%}); rerun with more rounds to decide them")
+    open_verdicts = result.open()
+    if open_verdicts:
+        print(f"undecided: {len(open_verdicts)} verdict(s) the noise cannot decide against the limit; rerun with "
+              "more rounds to decide them")
     failures = []
-    for stat in limits:
-        bad = [c for c in regressions(changes, limits) if c.stat == stat]
-        if bad:
-            worst = max(bad, key=lambda c: c.ratio)
-            failures.append(f"{label}: {len(bad)} cell(s) with {stat} slower than {limits[stat]:.0%}; worst "
-                            f"{'/'.join(str(k) for k in worst.key)} {worst.ratio:.2f}x")
-    if only_base and not allow_missing:
+    missed = result.failures()
+    if missed:
+        worst = max(missed, key=lambda v: v.estimate)
+        failures.append(f"{label}: {len(missed)} verdict(s) missed (slower than {limits['p50']:.0%}, shown at 95%); "
+                        f"worst {worst.what} {worst.estimate:.2f}x {worst.interval_text()}")
+    if result.only_base and not allow_missing:
         gone = missing_backends(base, new)
-        failures.append(f"{label}: {len(only_base)} cell(s) of the base not measured"
+        failures.append(f"{label}: {len(result.only_base)} cell(s) of the base not measured"
                         + (f" (backends {', '.join(gone)} missing)" if gone else "") + "; --allow-missing to accept")
-    return failures, len(open_cells)
+    return failures, len(open_verdicts)
 
 
 def _compare(args) -> int:
@@ -132,20 +143,20 @@ def _compare(args) -> int:
     except (RecordError, CompareError) as exc:
         print(f"kvoffload compare: {exc}", file=sys.stderr)
         return 2
-    failures, open_cells = _compare_pair("against the previous run", base, new, limits, args.allow_missing)
+    failures, open_count = _compare_pair("against the previous run", base, new, limits, args.allow_missing)
     if pinned is not None:
         print()
         more, more_open = _compare_pair("against the pinned baseline", pinned, new, limits, args.allow_missing)
-        failures, open_cells = failures + more, open_cells + more_open
+        failures, open_count = failures + more, open_count + more_open
     for failure in failures:
         print(f"FAIL: {failure}", file=sys.stderr)
     if failures:
         return 1
-    if open_cells:
-        print(f"UNDECIDED: {open_cells} cell(s) could be past the limit within their noise; not a pass: rerun "
+    if open_count:
+        print(f"UNDECIDED: {open_count} verdict(s) could be past the limit within their noise; not a pass: rerun "
               f"with more rounds (exit {UNDECIDED_EXIT})", file=sys.stderr)
         return UNDECIDED_EXIT
-    print(f"ok: no cell slower than {limits['p50']:.0%} at p50 or {limits['p90']:.0%} at p90"
+    print(f"ok: every backend and state within {limits['p50']:.0%} at 95%, no cell shown slower than it"
           + (", nothing missing" if not args.allow_missing else ""))
     return 0
 

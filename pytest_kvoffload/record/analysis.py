@@ -14,9 +14,10 @@ from dataclasses import asdict
 
 import numpy as np
 
-from pytest_kvoffload.core.costs import (INTERVAL_SE, RecomputeFit, TierFit, admission_margin, break_even_bandwidth,
+from pytest_kvoffload.core.costs import (RecomputeFit, TierFit, admission_margin, break_even_bandwidth,
                                          break_even_prefix, frontier)
 from pytest_kvoffload.measure.cells import State
+from pytest_kvoffload.verdicts.intervals import t_quantile
 
 
 def fit_recompute(lengths: list[float], seconds: list[float]) -> RecomputeFit:
@@ -36,30 +37,36 @@ def fit_recompute(lengths: list[float], seconds: list[float]) -> RecomputeFit:
     return RecomputeFit(float(t.mean()), 0.0, 0.0)
 
 
-def line_with_errors(x: np.ndarray, y: np.ndarray, sigma: np.ndarray | None = None) -> tuple[float, float, float, float]:
-    """Least squares y = slope x + intercept, and the standard errors of both. The noise is the larger of
-    the residuals' and the points' own (`sigma`, each point's standard error from its rounds): two points
-    leave no residual, yet their medians were noisy."""
+def line_with_errors(x: np.ndarray, y: np.ndarray, sigma: np.ndarray | None = None,
+                     sigma_df: int = 0) -> tuple[float, float, float, float, int]:
+    """Least squares y = slope x + intercept, the standard errors of both, and their degrees of freedom. The
+    noise is the larger of the residuals' (n - 2 degrees of freedom) and the points' own (`sigma`, each
+    point's standard error from its rounds, on `sigma_df`): two points leave no residual, yet their medians
+    were noisy. With neither, the standard errors are infinite: a line through two points shows nothing."""
     n = len(x)
     slope, intercept = np.linalg.lstsq(np.stack([x, np.ones_like(x)], 1), y, rcond=None)[0]
     residual = y - (slope * x + intercept)
-    variance = float(np.sum(residual ** 2) / (n - 2)) if n > 2 else 0.0
-    if sigma is not None and len(sigma):
-        variance = max(variance, float(np.mean(np.asarray(sigma) ** 2)))
+    variance, df = (float(np.sum(residual ** 2) / (n - 2)), n - 2) if n > 2 else (math.inf, 0)
+    if sigma is not None and len(sigma) and sigma_df > 0:
+        own = float(np.mean(np.asarray(sigma) ** 2))
+        if own >= variance or df == 0:
+            variance, df = own, sigma_df
     sxx = float(np.sum((x - x.mean()) ** 2))
     se_slope = math.sqrt(variance / sxx) if sxx > 0 else math.inf
     se_intercept = math.sqrt(variance * (1 / n + x.mean() ** 2 / sxx)) if sxx > 0 else math.inf
-    return float(slope), float(intercept), se_slope, se_intercept
+    return float(slope), float(intercept), se_slope, se_intercept, df
 
 
-def tier_fit_with_interval(slope: float, fixed: float, se_slope: float, se_fixed: float, points: int) -> TierFit:
-    """A TierFit from a line's slope (seconds per byte) and intercept, with its interval."""
-    low_slope, high_slope = slope - INTERVAL_SE * se_slope, slope + INTERVAL_SE * se_slope
+def tier_fit_with_interval(slope: float, fixed: float, se_slope: float, se_fixed: float, points: int,
+                           df: int) -> TierFit:
+    """A TierFit from a line's slope (seconds per byte) and intercept, with its 95% t interval."""
+    t = t_quantile(df)
+    low_slope, high_slope = slope - t * se_slope, slope + t * se_slope
     bandwidth = 1.0 / slope if slope > 0 else math.inf
     return TierFit(bandwidth, fixed, points,
-                   bandwidth_low_bps=1.0 / high_slope if high_slope > 0 else 0.0,
+                   bandwidth_low_bps=1.0 / high_slope if high_slope > 0 and math.isfinite(high_slope) else 0.0,
                    bandwidth_high_bps=1.0 / low_slope if low_slope > 0 else math.inf,
-                   fixed_low_s=fixed - INTERVAL_SE * se_fixed, fixed_high_s=fixed + INTERVAL_SE * se_fixed)
+                   fixed_low_s=fixed - t * se_fixed, fixed_high_s=fixed + t * se_fixed)
 
 
 def point_sigma(cell: dict) -> float:
@@ -78,16 +85,17 @@ def fit_tier(points: list[tuple[int, int, float]], recompute: RecomputeFit, kv_b
     y = np.asarray([t - (recompute(L) - recompute(p)) for L, p, t in usable], dtype=float)
     if len(set(x)) < 2:
         return TierFit(math.inf, float(y.mean()), len(usable))
-    slope, fixed, se_slope, se_fixed = line_with_errors(x, y)
+    slope, fixed, se_slope, se_fixed, df = line_with_errors(x, y)
     if slope <= 0:
         # Transfer time below what this grid resolves: all of the cost is fixed.
-        return TierFit(math.inf, float(y.mean()), len(usable), bandwidth_low_bps=1.0 / (INTERVAL_SE * se_slope)
-                       if se_slope > 0 else 0.0)
-    return tier_fit_with_interval(slope, fixed, se_slope, se_fixed, len(usable))
+        spread = t_quantile(df) * se_slope
+        return TierFit(math.inf, float(y.mean()), len(usable),
+                       bandwidth_low_bps=1.0 / spread if 0 < spread < math.inf else 0.0)
+    return tier_fit_with_interval(slope, fixed, se_slope, se_fixed, len(usable), df)
 
 
 def fit_tier_paired(pairs: list[tuple[int, float]], base_s: float, kv_bytes_per_token: int,
-                    sigmas: list[float] | None = None) -> TierFit | None:
+                    sigmas: list[float] | None = None, sigma_df: int = 0) -> TierFit | None:
     """pairs: (cached tokens p, tier-hit TTFT minus engine-hit TTFT of the same cell); sigmas: each
     difference's standard error from the two cells' rounds (point_sigma), for the interval.
 
@@ -102,16 +110,17 @@ def fit_tier_paired(pairs: list[tuple[int, float]], base_s: float, kv_bytes_per_
     y = np.asarray([d for _, d in usable], dtype=float)
     sigma = np.asarray([s for (p, _), s in zip(pairs, sigmas) if p > 0], dtype=float) if sigmas else None
     if len(set(x)) >= 2:
-        slope, extra, se_slope, se_extra = line_with_errors(x, y, sigma)
+        slope, extra, se_slope, se_extra, df = line_with_errors(x, y, sigma, sigma_df)
     else:
         slope, extra = (y[0] / x[0], 0.0) if y[0] > 0 else (0.0, float(y[0]))
-        se_slope, se_extra = math.inf, math.inf  # one prefix length: bandwidth and fixed cost are not separable
+        se_slope, se_extra, df = math.inf, math.inf, 0  # one prefix length: bandwidth and fixed cost inseparable
     fixed = base_s + max(0.0, float(extra))
     if slope <= 0:
-        low = 1.0 / (INTERVAL_SE * se_slope) if 0 < se_slope < math.inf else 0.0
+        t = t_quantile(df)
+        low = 1.0 / (t * se_slope) if 0 < t * se_slope < math.inf else 0.0
         return TierFit(math.inf, fixed, len(usable), bandwidth_low_bps=low,
-                       fixed_low_s=fixed - INTERVAL_SE * se_extra, fixed_high_s=fixed + INTERVAL_SE * se_extra)
-    return tier_fit_with_interval(slope, fixed, se_slope, se_extra, len(usable))
+                       fixed_low_s=fixed - t * se_extra, fixed_high_s=fixed + t * se_extra)
+    return tier_fit_with_interval(slope, fixed, se_slope, se_extra, len(usable), df)
 
 
 def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -> dict:
@@ -133,6 +142,8 @@ def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -
         paired = [(c, engine[(c["length"], c["fraction"])]) for c in tier_cells if (c["length"], c["fraction"]) in engine]
         pairs = [(round(c["sources"].get(source, 0)), c["ttft"]["p50"] - e["ttft"]["p50"]) for c, e in paired]
         sigmas = [math.hypot(point_sigma(c), point_sigma(e)) for c, e in paired]
+        # Each difference's standard error rests on its two cells' rounds.
+        sigma_df = sum(max(0, c["ttft"].get("n", 1) - 1) + max(0, e["ttft"].get("n", 1) - 1) for c, e in paired)
         # What a hit costs beyond its suffix when nothing is transferred: the engine hits' residual.
         residual = [e["ttft"]["p50"] - (recompute(e["length"]) - recompute(round(e["sources"].get("device", 0))))
                     for e in engine.values()]
@@ -141,7 +152,7 @@ def analyse(cells: list[dict], kv_bytes_per_token: int, tiers: dict[str, str]) -
         loaded = [round(c["sources"].get(source, 0)) * kv_bytes_per_token / 1e6 for c in tier_cells
                   if c["sources"].get(source)]
         if pairs:
-            tier = fit_tier_paired(pairs, entry["hit_base_s"], kv_bytes_per_token, sigmas)
+            tier = fit_tier_paired(pairs, entry["hit_base_s"], kv_bytes_per_token, sigmas, sigma_df)
             method = "paired with engine hits"
         else:
             hits = [(c["length"], round(c["sources"].get(source, 0)), c["ttft"]["p50"]) for c in tier_cells]

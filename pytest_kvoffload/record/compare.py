@@ -1,59 +1,42 @@
-"""Two runs side by side, cell by cell: the "before an upgrade" check and the nightly gate.
+"""Two runs side by side: the "before an upgrade" check and the nightly gate, decided through verdicts/.
 
-A cell is called slower or faster only when its change exceeds the noise both runs measured:
-noise = max(floor, 2 x sqrt(spread_base^2 + spread_new^2)), spreads being each cell's relative half
-inter-quartile range. The gate has a hard limit that noise cannot widen: a cell slower than
---fail-above fails, however noisy; noise can only make a verdict "undecided" (a change within the noise
-that the noise cannot rule out being beyond the limit), which is reported, not passed silently.
-Comparing each night with a pinned baseline as well as with the previous night stops slow drift
-(5% a night passes every night-to-night gate at 10%, and fails against the pin on the second night).
+The gate decides per backend and state (a backend's TTFT in one state across the grid) and per cell, each a
+ratio new / base of geometric-mean TTFT with an interval on the noise both runs measured, pooled over cells
+(verdicts/pooled_noise.py says why and what it assumes; noise_group says which cells share it). Each comes out met (the interval within
+--fail-above), missed (past the limit, and slower at 95%) or undecided. A cell whose interval straddles the
+limit while its estimate is within it is left to its group, which pools the grid's cells and is narrower;
+one whose estimate is past the limit but whose slowdown the noise cannot confirm is undecided. A p90 is
+compared only where both runs have core/tolerances.GATE_P90_ROUNDS rounds of the cell (else it says so),
+with distribution-free intervals on each run's p90. Comparing each night with a pinned baseline as well as
+with the previous night stops slow drift (5% a night passes each night-to-night gate, not the pin).
 
 Only user-facing backends are compared (Backend.user_facing, recorded per backend in run.json): the
-admission suite's emulated drives, planted rules, fault servers and A/B twins are re-derived every run,
-and some exist only on some nights. p50 and p90 are compared, each against its own limit. Exit codes of
-`kvoffload compare`: 0 pass, 1 a regression or a missing backend, 2 bad input, 3 undecided cells only (the
-nightly workflow reruns with more rounds).
+admission suite's emulated drives, planted rules, fault servers and A/B twins are re-derived every run.
+Exit codes of `kvoffload compare`: 0 pass, 1 a miss or a missing backend, 2 bad input, 3 undecided (not a
+pass: the nightly workflow reruns with more rounds).
 """
 
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+
+from pytest_kvoffload.core.tolerances import CONFIDENCE, GATE_P90_ROUNDS
+from pytest_kvoffload.verdicts.intervals import quantile_interval
+from pytest_kvoffload.verdicts.outcome import MISSED, UNDECIDED, Verdict, at_most
+from pytest_kvoffload.verdicts.pooled_noise import Noise, cell_change, group_change
+
 KEY = ("backend", "length", "fraction", "state")
-NOISE_FLOOR = 0.02
+UNDECIDED_EXIT = 3
+# A run recorded with cells only (no rounds): a cell's relative half inter-quartile range is 0.6745 sigma.
+IQR_SIGMA = 0.6745
 
 
 class CompareError(ValueError):
     pass
-
-
-STATS = ("p50", "p90")
-UNDECIDED_EXIT = 3
-
-
-@dataclass(frozen=True)
-class CellChange:
-    key: tuple
-    base_s: float
-    new_s: float
-    tolerance: float
-    stat: str = "p50"
-
-    @property
-    def ratio(self) -> float:
-        return self.new_s / self.base_s if self.base_s > 0 else math.inf
-
-    def verdict(self, fail_above: float) -> str:
-        if self.ratio > 1 + fail_above:
-            return "slower beyond the limit"
-        if self.ratio > 1 + self.tolerance:
-            return "slower"
-        if self.ratio < 1 - self.tolerance:
-            return "faster"
-        if self.ratio + self.tolerance > 1 + fail_above:
-            return "undecided"  # within the noise, and the noise reaches past the limit
-        return "within noise"
 
 
 def check_comparable(base: dict, new: dict, force: bool = False) -> None:
@@ -80,32 +63,100 @@ def gated_backends(base: dict, new: dict) -> set[str]:
     return {name for name in names if fb.get(name, True) and fn.get(name, True)}
 
 
-def compare(base: dict, new: dict, floor: float = NOISE_FLOOR) -> tuple[list[CellChange], list[tuple], list[tuple]]:
-    """Changes (p50, then p90) for gated cells in both runs, plus the keys only in the base and only in the new run."""
+def cell_rounds(run: dict, gated: set[str]) -> dict[tuple, list[float]]:
+    """Each gated cell's measured, verified TTFTs (seconds); a run recorded without its rounds gets, per cell,
+    stand-in rounds with the cell's median and spread (the median, and +-1 sigma pairs)."""
+    rounds: dict[tuple, list[float]] = defaultdict(list)
+    for m in run.get("measurements") or []:
+        if m["backend"] in gated and m.get("purpose", "measure") == "measure" and m.get("verified") is not False:
+            rounds[tuple(m[k] for k in KEY)].append(float(m["client_ttft_s"]))
+    for cell in run.get("cells") or []:
+        key = tuple(cell[k] for k in KEY)
+        if cell["backend"] in gated and key not in rounds:
+            t = cell["ttft"]
+            sigma = math.log1p(t.get("spread", 0.0) / IQR_SIGMA)
+            n = max(1, int(t.get("n", 1)))
+            # n values whose log mean is log p50 and whose standard deviation is sigma (n - 1 degrees of freedom).
+            offsets = [0.0] * n if n < 2 else list(np.linspace(-1, 1, n) * sigma / np.std(np.linspace(-1, 1, n), ddof=1))
+            rounds[key] = [t["p50"] * math.exp(o) for o in offsets]
+    return dict(rounds)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    groups: list[Verdict]          # per backend and state
+    cells: list[tuple[tuple, Verdict, float, float]]  # key, verdict, base and new geometric means (s)
+    p90: list[tuple[tuple, Verdict]]
+    p90_skipped: int               # cells whose rounds were too few for a p90
+    only_base: list[tuple]
+    only_new: list[tuple]
+    noise: dict[tuple, Noise]
+
+    def failures(self) -> list[Verdict]:
+        return [v for v in self.groups + [c[1] for c in self.cells] + [p[1] for p in self.p90] if v.outcome == MISSED]
+
+    def open(self) -> list[Verdict]:
+        """What keeps the gate undecided: a group undecided, or a cell or p90 undecided with its estimate
+        past the limit (a cell within the limit but not resolved is its group's to decide)."""
+        cells = [c[1] for c in self.cells] + [p[1] for p in self.p90]
+        return ([g for g in self.groups if g.outcome == UNDECIDED]
+                + [v for v in cells if v.outcome == UNDECIDED and v.estimate > v.limit])
+
+
+def _geomean(values: list[float]) -> float:
+    return float(np.exp(np.mean(np.log(values))))
+
+
+def compare(base: dict, new: dict, limit: float, p90_limit: float | None = None) -> Comparison:
+    """The verdicts of new against base, each "at most 1 + limit" (p90: 1 + p90_limit)."""
     gated = gated_backends(base, new)
-    b = {tuple(c[k] for k in KEY): c for c in base.get("cells") or [] if c["backend"] in gated}
-    n = {tuple(c[k] for k in KEY): c for c in new.get("cells") or [] if c["backend"] in gated}
-    changes = []
-    for key in sorted(set(b) & set(n), key=str):
-        bt, nt = b[key]["ttft"], n[key]["ttft"]
-        tolerance = max(floor, 2 * math.hypot(bt.get("spread", 0.0), nt.get("spread", 0.0)))
-        for stat in STATS:
-            if bt.get(stat) is not None and nt.get(stat) is not None:
-                changes.append(CellChange(key, bt[stat], nt[stat], tolerance, stat))
-    return changes, sorted(set(b) - set(n), key=str), sorted(set(n) - set(b), key=str)
+    b, n = cell_rounds(base, gated), cell_rounds(new, gated)
+    both = sorted(set(b) & set(n), key=lambda k: (k[0], k[3], k[1], k[2]))
+    by_group: dict[tuple, list[tuple]] = defaultdict(list)
+    for key in both:
+        by_group[(key[0], key[3])].append(key)
+    by_noise: dict[tuple, list[tuple]] = defaultdict(list)
+    for key in both:
+        by_noise[noise_group(key)].append(key)
+    noise = {g: Noise.pooled([b[k] for k in keys] + [n[k] for k in keys]) for g, keys in by_noise.items()}
+    groups, cells = [], []
+    for (backend, state), keys in sorted(by_group.items()):
+        model = noise[noise_group(keys[0])]
+        change = group_change([(b[k], n[k]) for k in keys], model)
+        groups.append(at_most(f"{backend} {state} over {len(keys)} cell(s)", change.estimate, change.low,
+                              change.high, 1 + limit, rounds=sum(change.rounds), how="pooled noise, t"))
+        for k in keys:
+            c = cell_change(b[k], n[k], model)
+            cells.append((k, at_most("/".join(map(str, k)), c.estimate, c.low, c.high, 1 + limit,
+                                     rounds=sum(c.rounds), how="pooled noise, t"), _geomean(b[k]), _geomean(n[k])))
+    p90, skipped = [], 0
+    for key in both:
+        if min(len(b[key]), len(n[key])) < GATE_P90_ROUNDS:
+            skipped += 1
+            continue
+        p90.append((key, p90_verdict(key, b[key], n[key], limit if p90_limit is None else p90_limit)))
+    return Comparison(groups, cells, p90, skipped, sorted(set(b) - set(n), key=str), sorted(set(n) - set(b), key=str),
+                      noise)
 
 
-def limit(stat: str, limits: dict[str, float] | float) -> float:
-    return limits if isinstance(limits, (int, float)) else limits[stat]
+def noise_group(key: tuple) -> tuple:
+    """Which cells share a noise model: cold and engine-hit requests are the engine alone, the same on every
+    backend (suites/test_equal_engines.py checks it), so they pool over backends; a tier hit's noise is its
+    tier's, so tier hits pool per backend."""
+    backend, _, _, state = key
+    return (backend, state) if state == "tier-hit" else ("every backend", state)
 
 
-def regressions(changes: list[CellChange], limits: dict[str, float] | float) -> list[CellChange]:
-    """Cells slower than their statistic's limit, whatever the noise."""
-    return [c for c in changes if c.ratio > 1 + limit(c.stat, limits)]
-
-
-def undecided(changes: list[CellChange], limits: dict[str, float] | float) -> list[CellChange]:
-    return [c for c in changes if c.verdict(limit(c.stat, limits)) == "undecided"]
+def p90_verdict(key: tuple, base: list[float], new: list[float], limit: float) -> Verdict:
+    """new p90 / base p90, with each p90's distribution-free interval at 97.5% (together at least 95%)."""
+    side = 1 - (1 - CONFIDENCE) / 2
+    bl, bh = quantile_interval(base, 0.9, side)
+    nl, nh = quantile_interval(new, 0.9, side)
+    estimate = float(np.percentile(new, 90) / np.percentile(base, 90))
+    low = nl / bh if nl is not None and bh else None
+    high = nh / bl if nh is not None and bl else None
+    return at_most("/".join(map(str, key)) + " p90", estimate, low, high, 1 + limit,
+                   rounds=len(base) + len(new), how="p90s, distribution-free")
 
 
 def missing_backends(base: dict, new: dict) -> list[str]:
