@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from tabulate import tabulate
 
@@ -75,19 +76,20 @@ def _probe(args) -> int:
 
 def _report(args) -> int:
     from pytest_kvoffload.record.run_record import RecordError, read_run
-    from pytest_kvoffload.record.report import render
+    from pytest_kvoffload.record.summary_text import summary_text
 
     try:
         run = read_run(args.run)
     except RecordError as exc:
         print(f"kvoffload report: {exc}", file=sys.stderr)
         return 2
-    print(render(run))
+    print(summary_text(run))
     return 0
 
 
-def _compare_pair(label: str, base: dict, new: dict, limits: dict, allow_missing: bool) -> tuple[list[str], int]:
-    """Print one comparison's verdicts; return what fails the gate, one line each, and how many are undecided."""
+def _compare_pair(label: str, base: dict, new: dict, limits: dict, allow_missing: bool) -> tuple[list[str], int, object]:
+    """Print one comparison's verdicts; return what fails the gate, one line each, how many are undecided, and
+    the comparison (record/compare.Comparison)."""
     from pytest_kvoffload.record.compare import compare, missing_backends
     from pytest_kvoffload.core.tolerances import GATE_P90_ROUNDS
 
@@ -125,7 +127,7 @@ def _compare_pair(label: str, base: dict, new: dict, limits: dict, allow_missing
         gone = missing_backends(base, new)
         failures.append(f"{label}: {len(result.only_base)} cell(s) of the base not measured"
                         + (f" (backends {', '.join(gone)} missing)" if gone else "") + "; --allow-missing to accept")
-    return failures, len(open_verdicts)
+    return failures, len(open_verdicts), result
 
 
 def _compare(args) -> int:
@@ -143,11 +145,20 @@ def _compare(args) -> int:
     except (RecordError, CompareError) as exc:
         print(f"kvoffload compare: {exc}", file=sys.stderr)
         return 2
-    failures, open_count = _compare_pair("against the previous run", base, new, limits, args.allow_missing)
+    failures, open_count, result = _compare_pair("against the previous run", base, new, limits, args.allow_missing)
     if pinned is not None:
         print()
-        more, more_open = _compare_pair("against the pinned baseline", pinned, new, limits, args.allow_missing)
+        more, more_open, _ = _compare_pair("against the pinned baseline", pinned, new, limits, args.allow_missing)
         failures, open_count = failures + more, open_count + more_open
+    code = 1 if failures else UNDECIDED_EXIT if open_count else 0
+    if args.html:
+        from pytest_kvoffload.record.html_report import render_compare_page
+        try:
+            Path(args.html).write_text(render_compare_page(base, new, result, limits["p50"], failures, code))
+        except OSError as exc:
+            print(f"kvoffload compare: --html {args.html}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        print(f"comparison page: {args.html}")
     for failure in failures:
         print(f"FAIL: {failure}", file=sys.stderr)
     if failures:
@@ -172,6 +183,22 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least 1")
     return value
+
+
+def _compare_arguments(cmp: argparse.ArgumentParser) -> None:
+    cmp.add_argument("base")
+    cmp.add_argument("new")
+    cmp.add_argument("--fail-above", default="10%",
+                     help="the slowdown a verdict must be within at 95%% (default 10%%)")
+    cmp.add_argument("--fail-above-p90", default="10%",
+                     help="the same limit for each cell's p90 (default 10%%)")
+    cmp.add_argument("--baseline", default=None,
+                     help="a pinned run (e.g. the last release's) checked as well, so slow drift adds up against it")
+    cmp.add_argument("--allow-missing", action="store_true",
+                     help="pass when cells or backends of the base (or baseline) were not measured")
+    cmp.add_argument("--force", action="store_true", help="compare runs of different models or schemas")
+    cmp.add_argument("--html", default=None, metavar="OUT",
+                     help="also write the comparison as one self-contained page (cells coloured by verdict)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,19 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run", help="a run folder under results/ or its run.json")
     report.set_defaults(handler=_report)
 
-    cmp = sub.add_parser("compare", help="two runs cell by cell (user-facing backends, p50 and p90); exit 1 on a "
-                                         "regression, 3 when only undecided cells stand in the way")
-    cmp.add_argument("base")
-    cmp.add_argument("new")
-    cmp.add_argument("--fail-above", default="10%",
-                     help="slowdown that fails the gate whatever the noise (default 10%%)")
-    cmp.add_argument("--fail-above-p90", default="10%",
-                     help="the same limit for each cell's p90 (default 10%%)")
-    cmp.add_argument("--baseline", default=None,
-                     help="a pinned run (e.g. the last release's) checked as well, so slow drift adds up against it")
-    cmp.add_argument("--allow-missing", action="store_true",
-                     help="pass when cells or backends of the base (or baseline) were not measured")
-    cmp.add_argument("--force", action="store_true", help="compare runs of different models or schemas")
+    cmp = sub.add_parser("compare", help="two runs cell by cell (user-facing backends); exit 1 on a miss, 3 when "
+                                         "only undecided verdicts stand in the way")
+    _compare_arguments(cmp)
     cmp.set_defaults(handler=_compare)
     plan = sub.add_parser("plan", help="will offload pay on a trace? an offline simulation, no server")
     plan.add_argument("trace", help="a Mooncake or Bailian JSONL trace")

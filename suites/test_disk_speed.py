@@ -4,6 +4,7 @@ asserts), the sources of every hit asserted. What is measured and how to read it
 import pytest
 
 from pytest_kvoffload.drive.disk_speed import DiskSpeed
+from pytest_kvoffload.record.disk_speed_summary import DISK_SPEED
 from pytest_kvoffload.serve.builtin_backends import kvoffload_chunk_tokens, kvoffload_store_dir
 
 pytestmark = pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
@@ -15,7 +16,7 @@ def test_disk_tier_against_the_raw_drive(kv_session, kv_backend, kv_server, kv_s
     speed = DiskSpeed(kv_server, kvoffload_store_dir(kv_session.context(kv_backend)), kv_settings,
                       tuple(kv_session.lengths), kvoffload_chunk_tokens(kv_settings), kv_session.salt,
                       kv_session.progress).run()
-    kv_session.add_benchmark("kvoffload-disk speed", speed.text, speed.figures)
+    kv_session.add_benchmark(DISK_SPEED, speed.text, speed.figures)
     assert not speed.problems, "; ".join(speed.problems)
     counters = speed.figures["counters"]
     assert counters["useful_bytes_read"] > 0 and counters["useful_bytes_written"] > 0

@@ -14,7 +14,7 @@ import pytest
 
 from pytest_kvoffload.record.analysis import analyse
 from pytest_kvoffload.core.progress import Tracker
-from pytest_kvoffload.traces.replay import replay, replay_result, replay_table
+from pytest_kvoffload.traces.replay import offload_verdicts, replay, replay_result, replay_table
 
 NAME = "trace replay"
 
@@ -75,4 +75,5 @@ def test_replay_trace(kv_session, kv_backend, kv_server):
             f"every replay from the send, 'from arrival' from the scheduled arrival (waiting for a free client "
             f"included), 'latest send' the longest such wait; 'above break-even' compares each request's "
             f"reusable prefix; 'offload' pairs each request with gpu-only's over the replays\n" + replay_table(summary))
-    kv_session.add_benchmark(NAME, text, {"trace": bench["trace"], "backends": bench["backends"]})
+    kv_session.add_benchmark(NAME, text, {"trace": bench["trace"], "backends": bench["backends"],
+                                          "offload": offload_verdicts(summary)})

@@ -84,3 +84,10 @@ def test_the_next_baseline_is_the_run_that_decided_not_the_undecided_first_one()
     assert 'echo "decided=$rerun"' in gate["run"]
     keep = next(s for s in steps if "next baseline" in s.get("name", ""))
     assert "steps.gate.outputs.decided" in keep["run"]
+
+
+def test_the_nightly_workflow_writes_and_uploads_the_comparison_page():
+    steps = yaml.safe_load(WORKFLOW.read_text())["jobs"]["sweep"]["steps"]
+    gate = next(s for s in steps if s.get("id") == "gate")["run"]
+    assert gate.count("--html results/compare.html") == 2
+    assert any(s.get("with", {}).get("path") == "results/compare.html" for s in steps)

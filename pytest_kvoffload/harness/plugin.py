@@ -19,7 +19,7 @@ from pytest_kvoffload.serve.builtin_backends import default_registry
 from pytest_kvoffload.measure.cells import State, grid
 from pytest_kvoffload.harness.fixtures import SESSION_KEY
 from pytest_kvoffload.record.run_record import RecordError, read_run
-from pytest_kvoffload.record.report import render
+from pytest_kvoffload.record.summary_text import summary_text
 from pytest_kvoffload.harness.options import OptionError, OptionValues, add_options, read_options
 from pytest_kvoffload.harness.option_parsing import output_checks
 from pytest_kvoffload.core.progress import ProgressLine
@@ -269,7 +269,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     except RecordError as exc:
         terminalreporter.write_line(str(exc))
         return
-    terminalreporter.write_line(render(run))
+    terminalreporter.write_line(summary_text(run))
     terminalreporter.write_line(f"results: {kv.run_record().run_dir}")
     if kv.phases:
         terminalreporter.write_line("time by phase (a test file's time includes the start-ups it caused): " + ", ".join(

@@ -7,6 +7,8 @@ from collections import defaultdict
 
 from tabulate import tabulate
 
+from pytest_kvoffload.record.disk_speed_summary import DISK_SPEED, disk_speed_text
+
 from pytest_kvoffload.measure.cells import State
 from pytest_kvoffload.record.stats import quantile
 from pytest_kvoffload.record.stats import excluded
@@ -97,7 +99,7 @@ def render(run: dict) -> str:
         lines.append("")
     for name, bench in (run.get("benchmarks") or {}).items():
         lines.append(f"{name}:")
-        lines.append(bench.get("text", ""))
+        lines.append(disk_speed_text(bench) if name == DISK_SPEED else bench.get("text", ""))
         lines.append("")
     status = run.get("status")
     lines.append(f"run {run.get('run_id')}: {status}")
@@ -116,18 +118,17 @@ OURS = "kvoffload-disk"
 CLOSE_CALLS = "side by side, close calls"
 
 
-def side_by_side_lines(run: dict, ours: str = OURS) -> list[str]:
+def side_by_side_rows(run: dict, ours: str = OURS) -> list[dict]:
     """Our connector against every other user-facing tier backend of the run on the same tier-hit cells:
     the p50 ratio, the cached tokens of each, and each one's end-to-end rate in MB/s (bytes from the tier
-    over the tier hit's TTFT), beside the O_DIRECT read of the run's drive. A cell whose target the grid's
-    rounds could not tell (a close call) is judged by the interleaved rounds that settled it, where the run has them."""
+    over the tier hit's TTFT), and the target's verdict. A cell whose target the grid's rounds could not tell
+    (a close call) is judged by the interleaved rounds that settled it, where the run has them."""
     cells = run.get("cells") or []
     backends = run.get("backends") or {}
     key = {(c["backend"], c["length"], c["fraction"], c["state"]): c for c in cells}
     calls = (run.get("benchmarks") or {}).get(CLOSE_CALLS) or {}
     settled = {(s["other"], s["length"], s["fraction"]): s for s in calls.get("cells", [])}
     left = {(c["other"], c["length"], c["fraction"]) for c in calls.get("left", [])}
-
     kv = ((run.get("options") or {}).get("model") or {}).get("kv_bytes_per_token")
     drive = ((run.get("environment") or {}).get("drive") or {}).get("read_gbps")
 
@@ -146,12 +147,22 @@ def side_by_side_lines(run: dict, ours: str = OURS) -> list[str]:
                 continue
             theirs = key[(other, length, fraction, state)]
             ratio = c["ttft"]["p50"] / theirs["ttft"]["p50"] if theirs["ttft"]["p50"] else math.nan
-            rows.append([other, length, f"{fraction:g}", _ms_rounds(c["ttft"]), _ms_rounds(theirs["ttft"]),
-                         f"{ratio:.2f}x", f"{tier_tokens(c):,.0f} vs {tier_tokens(theirs):,.0f}",
-                         rate(c), rate(theirs), _target(c, theirs, kv, drive, settled.get((other, length, fraction)),
-                                                        (other, length, fraction) in left)])
+            rows.append({"other": other, "length": length, "cached": f"{fraction:g}", "ours": _ms_rounds(c["ttft"]),
+                         "theirs": _ms_rounds(theirs["ttft"]), "ratio": ratio,
+                         "tokens": f"{tier_tokens(c):,.0f} vs {tier_tokens(theirs):,.0f}", "ours_rate": rate(c),
+                         "theirs_rate": rate(theirs),
+                         "target": _target(c, theirs, kv, drive, settled.get((other, length, fraction)),
+                                           (other, length, fraction) in left)})
+    return rows
+
+
+def side_by_side_lines(run: dict, ours: str = OURS) -> list[str]:
+    """side_by_side_rows as the summary's table."""
+    rows = [[r["other"], r["length"], r["cached"], r["ours"], r["theirs"], f"{r['ratio']:.2f}x", r["tokens"],
+             r["ours_rate"], r["theirs_rate"], r["target"]] for r in side_by_side_rows(run, ours)]
     if not rows:
         return []
+    drive = ((run.get("environment") or {}).get("drive") or {}).get("read_gbps")
     return [f"{ours} against the other tiers, tier hits on the same cells (ms = p50 and the rounds' fastest to "
             f"slowest; ratio = {ours} / other, p50; MB/s = "
             "tier bytes over the tier hit's TTFT"

@@ -166,6 +166,12 @@ def replay_result(runs: list, p_star: float | None, shared: list[int]) -> dict:
     return result
 
 
+def offload_verdicts(results: dict) -> dict[str, str]:
+    """Each backend's offload column against gpu-only (run.json keeps it for the run's verdict block)."""
+    base = results.get("gpu-only")
+    return {name: offload_verdict(base, r) for name, r in results.items() if base and name != "gpu-only"}
+
+
 def replay_table(results: dict) -> str:
     """One row per backend: TTFT from the send and from arrival, hit ratios, bytes, admission, verdict."""
     rows = []
