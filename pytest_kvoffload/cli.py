@@ -95,7 +95,7 @@ def _compare_pair(label: str, base: dict, new: dict, limits: dict, allow_missing
 
     result = compare(base, new, limits["p50"], limits["p90"])
     print(f"{label}: base {base.get('run_id')}  new {new.get('run_id')}")
-    print(f"per backend and state, geometric-mean TTFT new/base, 95% interval on the noise pooled over its cells "
+    print(f"per backend and state, median TTFT new/base, 95% interval on the noise pooled over its cells "
           f"(at most {1 + limits['p50']:.2f}):")
     for group in result.groups:
         print(f"  {group.text()}")

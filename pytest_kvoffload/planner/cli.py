@@ -10,7 +10,7 @@ from pathlib import Path
 from pytest_kvoffload.core.calibration import CalibrationError, read_calibration
 from pytest_kvoffload.core.models import ModelError, load_model
 from pytest_kvoffload.planner.simulate import PlanError, Profile, calibration_profile, first_order_profile, parse_engine, parse_tier, simulate, summarize
-from pytest_kvoffload.traces.prefix_trees import reuse_share, slice_by_tree
+from pytest_kvoffload.traces.prefix_trees import SLICE_DRAWS, reuse_share, slice_by_tree, slice_gap
 from pytest_kvoffload.planner.report import (break_even_table, config_table, curve_rows, curve_table, write_curve_png)
 from pytest_kvoffload.core.files import atomic_write_json
 from pytest_kvoffload.traces.read import FORMATS, Scaling, TraceError, read_trace, select
@@ -66,7 +66,11 @@ def run_plan(args) -> int:
           f"{scaling.describe(trace.format)}; {block} tokens a block")
     reuse = {"reuse_share": reuse_share(requests), "trace_reuse_share": reuse_share(whole)}
     print(f"reuse: {reuse['reuse_share']:.1%} of this selection's trace blocks were seen before in it; "
-          f"{reuse['trace_reuse_share']:.1%} in the whole trace")
+          f"{reuse['trace_reuse_share']:.1%} in the whole trace"
+          + (f"; the slice: the closest to that of {SLICE_DRAWS} seeded draws of whole prefix trees" if args.slice else ""))
+    gap = slice_gap(requests, whole) if args.slice else None
+    if gap:
+        print(f"slice: {gap}")
     print(f"model {model.name}: {profile.kv_bytes_per_token:,} KV bytes/token; profile {profile.source}; engine KV "
           f"{profile.engine_bytes / 2**30:,.1f} GiB ({result['sizes'].engine:,} blocks)")
     for tier in profile.tiers.values():

@@ -1,9 +1,10 @@
 """Two runs side by side: the "before an upgrade" check and the nightly gate, decided through verdicts/.
 
 The gate decides per backend and state (a backend's TTFT in one state across the grid) and per cell, each a
-ratio new / base of geometric-mean TTFT with an interval on the noise both runs measured, pooled over cells
-(verdicts/pooled_noise.py says why and what it assumes; noise_group says which cells share it). Each comes out met (the interval within
---fail-above), missed (past the limit, and slower at 95%) or undecided. A cell whose interval straddles the
+ratio new / base of median TTFT with an interval on the noise both runs measured, pooled over cells
+(verdicts/pooled_noise.py says why and what it assumes; noise_group says which cells share it). Each comes
+out met (the interval within --fail-above), missed (past the limit, and slower than half of it at 95%:
+shown) or undecided. A cell whose interval straddles the
 limit while its estimate is within it is left to its group, which pools the grid's cells and is narrower;
 one whose estimate is past the limit but whose slowdown the noise cannot confirm is undecided. A p90 is
 compared only where both runs have core/tolerances.GATE_P90_ROUNDS rounds of the cell (else it says so),
@@ -85,7 +86,7 @@ def cell_rounds(run: dict, gated: set[str]) -> dict[tuple, list[float]]:
 @dataclass(frozen=True)
 class Comparison:
     groups: list[Verdict]          # per backend and state
-    cells: list[tuple[tuple, Verdict, float, float]]  # key, verdict, base and new geometric means (s)
+    cells: list[tuple[tuple, Verdict, float, float]]  # key, verdict, base and new medians (s)
     p90: list[tuple[tuple, Verdict]]
     p90_skipped: int               # cells whose rounds were too few for a p90
     only_base: list[tuple]
@@ -103,8 +104,8 @@ class Comparison:
                 + [v for v in cells if v.outcome == UNDECIDED and v.estimate > v.limit])
 
 
-def _geomean(values: list[float]) -> float:
-    return float(np.exp(np.mean(np.log(values))))
+def _median(values: list[float]) -> float:
+    return float(np.median(values))
 
 
 def compare(base: dict, new: dict, limit: float, p90_limit: float | None = None) -> Comparison:
@@ -124,11 +125,12 @@ def compare(base: dict, new: dict, limit: float, p90_limit: float | None = None)
         model = noise[noise_group(keys[0])]
         change = group_change([(b[k], n[k]) for k in keys], model)
         groups.append(at_most(f"{backend} {state} over {len(keys)} cell(s)", change.estimate, change.low,
-                              change.high, 1 + limit, rounds=sum(change.rounds), how="pooled noise, t"))
+                              change.high, 1 + limit, null=shown(limit), rounds=sum(change.rounds),
+                              how="pooled noise, t"))
         for k in keys:
             c = cell_change(b[k], n[k], model)
-            cells.append((k, at_most("/".join(map(str, k)), c.estimate, c.low, c.high, 1 + limit,
-                                     rounds=sum(c.rounds), how="pooled noise, t"), _geomean(b[k]), _geomean(n[k])))
+            cells.append((k, at_most("/".join(map(str, k)), c.estimate, c.low, c.high, 1 + limit, null=shown(limit),
+                                     rounds=sum(c.rounds), how="pooled noise, t"), _median(b[k]), _median(n[k])))
     p90, skipped = [], 0
     for key in both:
         if min(len(b[key]), len(n[key])) < GATE_P90_ROUNDS:
@@ -137,6 +139,14 @@ def compare(base: dict, new: dict, limit: float, p90_limit: float | None = None)
         p90.append((key, p90_verdict(key, b[key], n[key], limit if p90_limit is None else p90_limit)))
     return Comparison(groups, cells, p90, skipped, sorted(set(b) - set(n), key=str), sorted(set(n) - set(b), key=str),
                       noise)
+
+
+def shown(limit: float) -> float:
+    """What a miss must be shown to exceed at 95% besides its estimate being past the limit: half the limit.
+    With "slower at all" instead, a real slowdown of 8% in noise of 8% was called a 10% miss in half of the
+    seeds (tests/record/test_compare.py); a miss is then a slowdown past the limit and shown to be a real
+    part of it."""
+    return 1 + limit / 2
 
 
 def noise_group(key: tuple) -> tuple:
@@ -155,7 +165,7 @@ def p90_verdict(key: tuple, base: list[float], new: list[float], limit: float) -
     estimate = float(np.percentile(new, 90) / np.percentile(base, 90))
     low = nl / bh if nl is not None and bh else None
     high = nh / bl if nh is not None and bl else None
-    return at_most("/".join(map(str, key)) + " p90", estimate, low, high, 1 + limit,
+    return at_most("/".join(map(str, key)) + " p90", estimate, low, high, 1 + limit, null=shown(limit),
                    rounds=len(base) + len(new), how="p90s, distribution-free")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_kvoffload.traces.prefix_trees import block_keys, leading, reuse_share, slice_by_tree
+from pytest_kvoffload.traces.prefix_trees import block_keys, leading, reuse_share, slice_by_tree, slice_gap
 from pytest_kvoffload.traces.replay import ReplayItem
 from pytest_kvoffload.traces.read import Scaling, Trace, TraceRequest, build_prompt, select
 
@@ -17,15 +17,15 @@ class ReplayPlan:
     concurrency: int
     max_output: int
     repeats: int = 3  # replays per backend (--kv-trace-repeats)
-    # --kv-trace-slice: this many requests taken as whole prefix trees (plan.slice_by_tree), not a window.
+    # --kv-trace-slice: this many requests taken as whole prefix trees, the draw closest to the trace's reuse
+    # (prefix_trees.slice_by_tree), not a window.
     slice_size: int | None = None
 
     def requests(self) -> list[TraceRequest]:
         """The replayed requests, in trace order: the window and limit, then the slice."""
         chosen = select(self.trace, self.scaling)
         if self.slice_size:
-            # Whole trees keep their reuse chains; the last tree taken is cut at the slice's size.
-            chosen = slice_by_tree(chosen, self.slice_size)[: self.slice_size]
+            chosen = slice_by_tree(chosen, self.slice_size)
         return chosen
 
     def items(self, vocab_size: int, salt: str) -> list[ReplayItem]:
@@ -51,4 +51,5 @@ class ReplayPlan:
                 "concurrency": self.concurrency, "max_output": self.max_output, "repeats": self.repeats,
                 "slice": self.slice_size, "replayed": len(self.requests()),
                 # Shares of trace blocks an earlier request had: what a cache could ever serve.
-                "reuse_share": reuse_share(self.requests()), "trace_reuse_share": reuse_share(self.trace.requests)}
+                "reuse_share": reuse_share(self.requests()), "trace_reuse_share": reuse_share(self.trace.requests),
+                "slice_gap": slice_gap(self.requests(), select(self.trace, self.scaling)) if self.slice_size else None}
