@@ -57,6 +57,15 @@ def machine_rows(run: dict, run_dir: Path | None) -> list[tuple[str, str]]:
     return rows
 
 
+def _when(stamp) -> str:
+    """run.json's started_at (seconds since the epoch) as a UTC time."""
+    import time
+    try:
+        return "started " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(stamp)))
+    except (TypeError, ValueError):
+        return ""
+
+
 def render_run_page(run: dict, run_dir: Path | None = None) -> str:
     verdicts = verdict_lines(run)
     files = []
@@ -65,7 +74,7 @@ def render_run_page(run: dict, run_dir: Path | None = None) -> str:
                        if p.is_file() and p.name != PAGE and p.suffix in (".log", ".json", ".csv", ".txt", ".png"))
     env = run.get("environment") or {}
     return _templates().get_template("run.html.j2").render(
-        css=_css(), run_id=run.get("run_id"), status=run.get("status"), started=run.get("started_at", ""),
+        css=_css(), run_id=run.get("run_id"), status=run.get("status"), started=_when(run.get("started_at")),
         model=((run.get("options") or {}).get("model") or {}).get("name", "?"),
         machine=f"{env.get('cpu', '?')} ({env.get('cpu_count', '?')} CPUs, {env.get('device', '?')})",
         verdicts=verdicts, counts=_counts([v.outcome for v in verdicts]),
