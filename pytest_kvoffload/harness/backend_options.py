@@ -8,7 +8,8 @@ import json
 import os
 from pathlib import Path
 
-from pytest_kvoffload.serve.backends import (Backend, BackendConfigError, BackendRegistry, twin_name,
+from pytest_kvoffload.core.vllm_releases import UnsupportedVllm
+from pytest_kvoffload.serve.backends import (Backend, BackendConfigError, BackendRegistry, server_release, twin_name,
                                              with_connector_options)
 
 
@@ -98,4 +99,9 @@ def use_python(registry: BackendRegistry, specs: list[str]) -> None:
         interpreter = Path(path).expanduser()
         if not interpreter.is_file() or not os.access(interpreter, os.X_OK):
             raise BackendConfigError(f"--kv-backend-python {spec!r}: {interpreter} is not an executable file")
-        registry.register(dataclasses.replace(registry.get(name), python=str(interpreter)), replace=True)
+        backend = dataclasses.replace(registry.get(name), python=str(interpreter))
+        try:  # another vLLM must be one the harness and the connector know (core/vllm_releases.py)
+            server_release(backend)
+        except UnsupportedVllm as exc:
+            raise BackendConfigError(f"--kv-backend-python {spec!r}: {exc}") from None
+        registry.register(backend, replace=True)

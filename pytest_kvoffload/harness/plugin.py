@@ -14,7 +14,8 @@ from pytest_kvoffload.harness import fixtures
 from pytest_kvoffload.harness import hookspecs
 from pytest_kvoffload.core import machine
 from pytest_kvoffload.harness import server_plan
-from pytest_kvoffload.serve.backends import BackendConfigError, LaunchContext, server_command
+from pytest_kvoffload.serve.backends import BackendConfigError, LaunchContext, server_command, server_release
+from pytest_kvoffload.core.vllm_releases import UnsupportedVllm
 from pytest_kvoffload.serve.builtin_backends import default_registry
 from pytest_kvoffload.measure.cells import State, grid
 from pytest_kvoffload.harness.fixtures import SESSION_KEY
@@ -126,9 +127,24 @@ def pytest_report_header(config):
             f"flags {' '.join(cpu['cpu_flags']) or 'none of note'}",
             f"kvoffload: {compile_cache.describe(machine.has_cuda())}",
             f"kvoffload: {cpu_engine.describe(s.engine, machine.has_cuda(), s.tensor_parallel, s.server_args)}",
-            f"kvoffload: output checks: {output_checks(s.model)}"] + [
+            f"kvoffload: output checks: {output_checks(s.model)}"] + vllm_lines(session) + [
             f"kvoffload: {name}: {note}" for name in s.backends
             if (note := session.registry.get(name).platform_note())]
+
+
+def vllm_lines(session) -> list[str]:
+    """One line per vLLM the run's servers use: its version, its backends and how their hits are verified."""
+    by_version: dict[tuple, list[str]] = {}
+    for name in session.settings.backends:
+        backend = session.registry.get(name)
+        try:
+            found, version = server_release(backend)
+            key = (version, backend.python, found.verification)
+        except UnsupportedVllm as exc:
+            key = (None, backend.python, str(exc))
+        by_version.setdefault(key, []).append(name)
+    return [f"kvoffload: vLLM {version or '?'} ({python or 'this interpreter'}): {', '.join(names)}; "
+            f"cached tokens verified {how}" for (version, python, how), names in by_version.items()]
 
 
 def _parametrized_by_test(metafunc, name: str) -> bool:

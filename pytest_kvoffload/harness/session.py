@@ -14,7 +14,9 @@ import requests
 from pytest_kvoffload.harness import environment
 from pytest_kvoffload.core import machine
 from pytest_kvoffload.serve import page_cache
-from pytest_kvoffload.serve.backends import Backend, BackendRegistry, LaunchContext, interpreter_versions, server_launch
+from pytest_kvoffload.core.vllm_releases import UnsupportedVllm
+from pytest_kvoffload.serve.backends import (Backend, BackendRegistry, LaunchContext, interpreter_versions, package_path,
+                                             server_launch, server_release)
 from pytest_kvoffload.serve.client import Endpoint
 from pytest_kvoffload.serve.companion import Companion
 from pytest_kvoffload.measure.context import Recorder, Servers
@@ -154,6 +156,7 @@ class KVSession:
 
         started = not self.pool.has(backend.name)
         if started:
+            served_by = self.stop_if_unsupported(backend)
             self.stop_if_imports_fail(backend)
         clock = time.monotonic()
         try:
@@ -163,11 +166,13 @@ class KVSession:
             self.run_record().set_backend(backend.name, "failed", str(exc).splitlines()[0])
             raise
         if started:
+            server.release = served_by[0]
             self.start_seconds.append(time.monotonic() - clock)
             self.starts.append((backend.name, self.start_seconds[-1]))
             self.run_record().set("server_starts", [{"server": n, "seconds": round(t, 1)} for n, t in self.starts])
             self.add_phase("server start-ups", self.start_seconds[-1])
-            info = {"argv": server.argv, "log": str(server.log_path), "user_facing": backend.user_facing}
+            info = {"argv": server.argv, "log": str(server.log_path), "user_facing": backend.user_facing,
+                    "vllm": served_by[1], "verification": served_by[0].verification}
             # The tier folders and their I/O mode are on vLLM's command line, or on its companion's.
             command_lines = server.argv
             if server.companion is not None:
@@ -190,12 +195,21 @@ class KVSession:
             self.add_phase("warm-ups and prefill-speed probes", time.monotonic() - clock)
         return server
 
+    def stop_if_unsupported(self, backend: Backend):
+        """Before a server: its vLLM is inside the declared range, or the run stops in one line."""
+        try:
+            return server_release(backend)
+        except UnsupportedVllm as exc:
+            self.run_record().set_backend(backend.name, "failed", str(exc))
+            pytest.exit(str(exc), returncode=pytest.ExitCode.USAGE_ERROR)
+
     def stop_if_imports_fail(self, backend: Backend) -> None:
         """Before a server: its Python imports what the backend loads into vLLM, or the run stops in one line
         (on a GPU for every server; on the CPU build for another interpreter: serve/server_imports.py)."""
         if not (machine.has_cuda() or backend.python):
             return
-        problem = import_problem(backend.name, backend.python or sys.executable, backend.server_imports())
+        problem = import_problem(backend.name, backend.python or sys.executable, backend.server_imports(),
+                                 env=package_path(backend))
         if problem:
             self.run_record().set_backend(backend.name, "failed", problem)
             pytest.exit(problem, returncode=pytest.ExitCode.USAGE_ERROR)

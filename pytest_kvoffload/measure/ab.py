@@ -9,6 +9,11 @@ distribution-free 95% confidence interval for their median (order statistics), a
 - slower: the interval lies above 1 + FLOOR (3%: a difference this small is not credited),
 - faster: below 1 - FLOOR,
 - no difference: otherwise, at that confidence.
+
+Outputs are checked twice: in each cell's first round every side against its own recompute (wrong KV
+fails the cell), and A against B on one fresh prompt recomputed on both. Across two vLLM releases
+(--kv-backend-python: the upgrade check, docs/comparing.md) greedy outputs on the same weights may differ
+from a release's numerics; that is reported as a version change, not as wrong KV.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import numpy as np
 from tabulate import tabulate
 
 from pytest_kvoffload.measure.cells import Cell, State
-from pytest_kvoffload.measure.runner import CellRunner
+from pytest_kvoffload.measure.prompts import make_prompt
+from pytest_kvoffload.measure.runner import CellRunner, first_difference, recompute
 from pytest_kvoffload.measure.paired import FLOOR, interval
 from pytest_kvoffload.core.progress import Tracker
 from pytest_kvoffload.measure.context import Recorder, Servers
+from pytest_kvoffload.serve.backends import Backend, server_release
 from pytest_kvoffload.serve.server import settle
 
 # Fewer rounds than this cannot give a two-sided 95% interval (paired.interval).
@@ -35,6 +42,9 @@ class CellComparison:
     a_s: list[float] = field(default_factory=list)
     b_s: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    # B's greedy output against A's on one fresh prompt, both recomputed: None (equal, up to a near-tie)
+    # or where they differ.
+    outputs_differ: str | None = None
 
     @property
     def ratios(self) -> list[float]:
@@ -58,7 +68,8 @@ class CellComparison:
         return {"length": self.cell.length, "fraction": self.cell.fraction, "state": self.cell.state.value,
                 "a_s": self.a_s, "b_s": self.b_s, "ratios": self.ratios,
                 "median_ratio": float(np.median(self.ratios)) if self.ratios else None,
-                "interval": [low, high], "verdict": self.verdict(), "failures": self.failures}
+                "interval": [low, high], "verdict": self.verdict(), "failures": self.failures,
+                "outputs_a_vs_b": self.outputs_differ or "equal"}
 
 
 def compare_cell(recorder: Recorder, servers: Servers, a, b, cell: Cell, rounds: int,
@@ -80,20 +91,60 @@ def compare_cell(recorder: Recorder, servers: Servers, a, b, cell: Cell, rounds:
         comparison.a_s.append(measured[a.name])
         comparison.b_s.append(measured[b.name])
         tracker.step()
+    comparison.outputs_differ = outputs_across(recorder, endpoints[a.name], endpoints[b.name], cell, purpose)
     return comparison
 
 
-def render(a: str, b: str, comparisons: list[CellComparison]) -> str:
+def outputs_across(recorder: Recorder, a, b, cell: Cell, purpose: str) -> str | None:
+    """One fresh prompt of the cell's length recomputed on A and on B (no cache may answer): None when B's
+    greedy tokens are A's (a near-tie in A's logprobs forgiven), else where B's differ."""
+    s = recorder.settings
+    salt = f"{recorder.salt}|{purpose}|a-vs-b|{cell.id}"
+    tokens = make_prompt(cell.length, 0.0, seed=s.random_seed, salt=salt, vocab_size=s.model.vocab_size).tokens
+    settle([a, b])
+    want = recompute(a, tokens, salt)
+    settle([a, b])
+    got = recompute(b, tokens, salt)
+    difference = first_difference(got.output_token_ids, want.output_token_ids, want.top_logprobs)
+    return None if difference is None else difference.replace("a recompute", "A")
+
+
+def versions(a: Backend, b: Backend) -> tuple[str | None, str | None]:
+    """The vLLM versions A's and B's servers run (another interpreter's where --kv-backend-python names one)."""
+    return server_release(a)[1], server_release(b)[1]
+
+
+def render(a: str, b: str, comparisons: list[CellComparison], vllm: tuple[str | None, str | None] = (None, None)) -> str:
     rows = []
     for c in comparisons:
         low, high = c.interval()
         interval = "-" if low is None else f"{low:.3f} to {high:.3f}"
         rows.append([c.cell.length, "-" if c.cell.state is State.COLD else f"{c.cell.fraction:g}", c.cell.state.value,
                      f"{np.median(c.a_s) * 1e3:,.1f}", f"{np.median(c.b_s) * 1e3:,.1f}",
-                     f"{np.median(c.ratios):.3f}", interval, c.verdict()])
+                     f"{np.median(c.ratios):.3f}", interval, c.verdict(), output_column(c)])
     table = tabulate(rows, headers=["length", "cached", "state", "A p50 ms", "B p50 ms", "B/A median",
-                                    "95% interval", "verdict"], disable_numparse=True)
-    return f"A = {a}, B = {b}; rounds interleaved, paired ratios B/A\n{table}\n{overall(comparisons)}"
+                                    "95% interval", "verdict", "outputs"], disable_numparse=True)
+    named = [f"{n} (vLLM {v})" if v else n for n, v in zip((a, b), vllm)]
+    return (f"A = {named[0]}, B = {named[1]}; rounds interleaved, paired ratios B/A\n{table}\n"
+            f"{overall(comparisons)}\n{output_note(comparisons, vllm)}")
+
+
+def output_column(c: CellComparison) -> str:
+    """Each side against its own recompute, then A against B."""
+    own = "wrong" if any("output token" in f for f in c.failures) else "ok"
+    return f"{own}, A=B" if c.outputs_differ is None else f"{own}, A!=B"
+
+
+def output_note(comparisons: list[CellComparison], vllm: tuple[str | None, str | None]) -> str:
+    differ = [c for c in comparisons if c.outputs_differ]
+    head = ("outputs: \"ok\": each side matched its own recompute; A=B: one fresh prompt recomputed on both "
+            "gave the same greedy tokens")
+    if not differ:
+        return head + f" (all {len(comparisons)} cell(s))"
+    why = (f"vLLM {vllm[0]} against {vllm[1]}: a version change, not wrong KV (each side checked against itself)"
+           if vllm[0] != vllm[1] else "the same vLLM on both: the two servers compute differently")
+    first = differ[0]
+    return head + f"; A!=B in {len(differ)} of {len(comparisons)} cell(s), {why}; {first.cell.id}: {first.outputs_differ}"
 
 
 def overall(comparisons: list[CellComparison]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from pytest_kvoffload.core.vllm_releases import DEFAULT
 from pytest_kvoffload.serve.backends import Backend
 from pytest_kvoffload.measure.cells import Cell, Expectation, State, expectation
 from pytest_kvoffload.serve.client import (Endpoint, RequestResult, attach_sources, measure, poll_metrics,
@@ -213,7 +214,8 @@ class CellRunner:
         if result.connector.get("kvoffload:loads_declined_total"):
             # The admission rule chose to recompute: nothing may come from the tier.
             expect = Expectation(None, 0)
-        problem = expect.check(result.cached_by_source)
+        release = getattr(self.endpoint, "release", DEFAULT)
+        problem = expect.as_counted_by(release).check(result.cached_by_source)
         proof = self.backend.load_proof
         tier_hit = self.cell.state is State.TIER_HIT and bool(expect.tokens)
         if problem is None and proof is not None and tier_hit:
@@ -234,6 +236,9 @@ class CellRunner:
             # the tokens, even when the load then fails (lmcache-inproc-disk: LMCache's in-process connector
             # reports no load counters to vLLM).
             output = {**(output or {}), "verified_by": SCHEDULER_ONLY if proof is None else "load counters"}
+        if expect.tokens:
+            # How this server's vLLM counts cached tokens by source (by tier from 0.32 on: core/vllm_releases.py).
+            output = {**(output or {}), "sources_counted": release.verification}
         self._record(result, purpose=self.purpose, expected=expect, problem=problem, output=output)
 
     def _record(self, result: RequestResult, purpose: str, expected=None, problem: str | None = None,

