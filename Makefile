@@ -70,7 +70,7 @@ test: $(STAMP)
 FROM ?= 0.31.0
 UPGRADE_VENV ?= $(HOME)/.cache/kvoffload/venvs/vllm-$(FROM)
 UPGRADE_BACKENDS ?= gpu-only native-cpu kvoffload-disk
-UPGRADE_GRID ?= --kv-lengths=1024 --kv-fractions=0.5,1.0 --kv-cpu-gib=0.5 --kv-engine-tokens=32768
+UPGRADE_GRID ?= --kv-lengths=1024 --kv-fractions=0.5,1.0 --kv-cpu-gib=0.5 --kv-engine-tokens=32768 --kv-engine=one-process --kv-rounds=11
 
 upgrade: $(STAMP) $(UPGRADE_VENV)/.installed
 	@status=0; for b in $(UPGRADE_BACKENDS); do \

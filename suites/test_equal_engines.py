@@ -5,7 +5,7 @@ would credit it to offload. It happened: vLLM's CPU build reserves a core for it
 more when a KV connector is configured, so on 2 cores a connector's engine got both cores and gpu-only's
 one, and cold prefill ran twice as fast with a connector (docs/machines.md). Cold rounds of both servers
 are interleaved with fresh prompts at the grid's longest length (where a difference in compute shows most
-and fixed per-request costs least), who goes first alternating, and their paired ratios must lie within 10%.
+and fixed per-request costs least), who goes first alternating, and the median of their paired ratios must lie within 10% (7 rounds, more up to 21 where it does not).
 
 Between the two requests of a round the previous server must have gone idle: vLLM's worker busy-polls its
 message queue for a second after each message (SpinCondition's busy_loop_s in
@@ -19,6 +19,7 @@ of it with fewer suites before it); the report's cold cells show it per backend.
 """
 
 
+import numpy as np
 import pytest
 
 from pytest_kvoffload.serve.client import stream_completion
@@ -32,6 +33,10 @@ from pytest_kvoffload.serve.server import settle
 # and 1.02), a fixed per-request cost that the cold cells show, not a difference in compute (1,280 tokens in
 # the same run: 1.06). In make bench the second length (2,048) was about two fifths of the suite's 112 s.
 ROUNDS = 7
+# Where 7 rounds' median ratio lies outside 10%, 7 more (twice at most, up to 21), judged on the median of all of them: on
+# 2026-12-06 this VM ran 2 to 3 of 7 cold rounds at 1.8 to 2x, on either server (docs/notes/2026-12-06-upgrade-
+# and-replay.md). Every earlier round is kept, so a true difference of 10% stays outside in the median of all.
+MAX_ROUNDS = 21
 PAIR = ("gpu-only", "kvoffload-disk")
 
 
@@ -70,7 +75,9 @@ def test_cold_prefill_is_the_same_with_and_without_a_connector(kv_session):
         # as long (149 against 75 ms at 384 tokens).
         for backend in (base, other):
             cold_ttft(backend, f"warm|{backend.name}|{length}", length)
-        for r in range(ROUNDS):
+        r = 0
+        # In batches of 7: three looks at most, each on every round so far.
+        while r < ROUNDS or (r < MAX_ROUNDS and (r % ROUNDS or not within_cap(ratios))):
             seconds = {}
             # Who goes first alternates: on 2 cores the first request of a round was the slow one in 3 of
             # 5 rounds at 384 tokens (84/72, 77/68, 62/66, 87/68, 61/64 ms, gpu-only always first), a 0.88
@@ -81,9 +88,12 @@ def test_cold_prefill_is_the_same_with_and_without_a_connector(kv_session):
             ratios.append(seconds[1] / seconds[0])
             times.append(seconds)
             tracker.step(f"{length} tokens, round {r + 1}", work=length)
-        measured.append({"length": length, "median_ratio": sorted(ratios)[ROUNDS // 2], "within_cap": within_cap(ratios)})
-        line = (f"{length} tokens: {other.name} / {base.name} cold TTFT, median ratio {sorted(ratios)[ROUNDS // 2]:.2f}; "
-                "rounds (ms) " + ", ".join(f"{a * 1e3:.0f}/{b * 1e3:.0f}" for a, b in times))
+            r += 1
+        median = float(np.median(ratios))
+        measured.append({"length": length, "median_ratio": median, "within_cap": within_cap(ratios),
+                         "rounds": len(ratios)})
+        line = (f"{length} tokens: {other.name} / {base.name} cold TTFT, median ratio {median:.2f} of "
+                f"{len(ratios)} rounds; rounds (ms) " + ", ".join(f"{a * 1e3:.0f}/{b * 1e3:.0f}" for a, b in times))
         lines.append(line)
         if not within_cap(ratios):
             unequal.append(line)

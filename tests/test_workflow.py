@@ -91,3 +91,11 @@ def test_the_nightly_workflow_writes_and_uploads_the_comparison_page():
     gate = next(s for s in steps if s.get("id") == "gate")["run"]
     assert gate.count("--html results/compare.html") == 2
     assert any(s.get("with", {}).get("path") == "results/compare.html" for s in steps)
+
+
+def test_the_nightly_workflow_runs_the_upgrade_check():
+    job = yaml.safe_load(WORKFLOW.read_text())["jobs"]["upgrade"]
+    runs = "\n".join(step.get("run", "") for step in job["steps"])
+    assert "make upgrade FROM=0.31.0" in runs and "EXTRA=cpu" in runs
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    assert "\nupgrade:" in makefile and "--kv-backend-python" in makefile

@@ -8,7 +8,8 @@ distribution-free 95% confidence interval for their median (order statistics), a
 
 - slower: the interval lies above 1 + FLOOR (3%: a difference this small is not credited),
 - faster: below 1 - FLOOR,
-- no difference: otherwise, at that confidence.
+- no difference: otherwise, at that confidence; "sees from" says how large a difference the interval
+  could have shown (a "no difference" says nothing below it), and the summary counts those past CAP.
 
 Outputs are checked twice: in each cell's first round every side against its own recompute (wrong KV
 fails the cell), and A against B on one fresh prompt recomputed on both. Across two vLLM releases
@@ -26,7 +27,7 @@ from tabulate import tabulate
 from pytest_kvoffload.measure.cells import Cell, State
 from pytest_kvoffload.measure.prompts import make_prompt
 from pytest_kvoffload.measure.runner import CellRunner, first_difference, recompute
-from pytest_kvoffload.measure.paired import FLOOR, interval
+from pytest_kvoffload.measure.paired import CAP, FLOOR, interval
 from pytest_kvoffload.core.progress import Tracker
 from pytest_kvoffload.measure.context import Recorder, Servers
 from pytest_kvoffload.serve.backends import Backend, server_release
@@ -63,12 +64,18 @@ class CellComparison:
             return "B faster"
         return "no difference"
 
+    def sees(self) -> float | None:
+        """The smallest difference this cell could have shown: how far the interval reaches from 1 on its
+        wider side (a "no difference" says nothing of effects below it)."""
+        low, high = self.interval()
+        return None if low is None or high is None else max(high - 1.0, 1.0 - low)
+
     def to_dict(self) -> dict:
         low, high = self.interval()
         return {"length": self.cell.length, "fraction": self.cell.fraction, "state": self.cell.state.value,
                 "a_s": self.a_s, "b_s": self.b_s, "ratios": self.ratios,
                 "median_ratio": float(np.median(self.ratios)) if self.ratios else None,
-                "interval": [low, high], "verdict": self.verdict(), "failures": self.failures,
+                "interval": [low, high], "verdict": self.verdict(), "sees_from": self.sees(), "failures": self.failures,
                 "outputs_a_vs_b": self.outputs_differ or "equal"}
 
 
@@ -121,9 +128,10 @@ def render(a: str, b: str, comparisons: list[CellComparison], vllm: tuple[str | 
         interval = "-" if low is None else f"{low:.3f} to {high:.3f}"
         rows.append([c.cell.length, "-" if c.cell.state is State.COLD else f"{c.cell.fraction:g}", c.cell.state.value,
                      f"{np.median(c.a_s) * 1e3:,.1f}", f"{np.median(c.b_s) * 1e3:,.1f}",
-                     f"{np.median(c.ratios):.3f}", interval, c.verdict(), output_column(c)])
+                     f"{np.median(c.ratios):.3f}", interval, c.verdict(),
+                     "-" if c.sees() is None else f"{c.sees():.0%}", output_column(c)])
     table = tabulate(rows, headers=["length", "cached", "state", "A p50 ms", "B p50 ms", "B/A median",
-                                    "95% interval", "verdict", "outputs"], disable_numparse=True)
+                                    "95% interval", "verdict", "sees from", "outputs"], disable_numparse=True)
     named = [f"{n} (vLLM {v})" if v else n for n, v in zip((a, b), vllm)]
     return (f"A = {named[0]}, B = {named[1]}; rounds interleaved, paired ratios B/A\n{table}\n"
             f"{overall(comparisons)}\n{output_note(comparisons, vllm)}")
@@ -160,5 +168,8 @@ def overall(comparisons: list[CellComparison]) -> str:
     else:
         head = f"mixed: B slower in {slower} cell(s), faster in {faster}"
     rest = len(verdicts) - slower - faster - same
+    # A "no difference" whose interval reaches past the cap could not have seen a difference of the cap.
+    blind = sum(1 for c in comparisons if c.verdict() == "no difference" and (c.sees() or 0) > CAP - 1.0)
     return (f"overall: {head}; {same} without a difference at 95% confidence"
+            + (f" ({blind} of them could not have seen {CAP - 1.0:.0%}: more rounds, --kv-rounds)" if blind else "")
             + (f"; {rest} undecided" if rest else ""))

@@ -69,12 +69,20 @@ def place_in_tier_only(endpoint: Endpoint, backend: Backend, tokens: list[int],
                        first: Callable[[list[int]], RequestResult] | None = None) -> list[RequestResult]:
     """Leave `tokens`' prefix in the backend's tier and nowhere above it; returns the priming requests.
     `first` makes the first of them (a CellRunner's prime that doubles as a cold request or a reference)."""
+    return leave_in_tier_only(endpoint, backend, lambda i: first(tokens) if first is not None and not i
+                              else measure(endpoint, tokens))
+
+
+def leave_in_tier_only(endpoint: Endpoint, backend: Backend, prime: Callable[[int], object]) -> list:
+    """`prime(i)` as often as the backend's tier needs to see a prefix to keep it, then the engine's cache
+    (and, where the backend says so, the tier above its files) emptied: what the primes computed is then in
+    the tier and nowhere above it. Returns what each prime returned (a cell's requests, a trace's pass)."""
     results = []
     for i in range(backend.prime_requests):
         if i:
             # A tier that stores a block only on its second lookup must see the prefix computed again.
             endpoint.reset_prefix_cache(external=False)
-        results.append(first(tokens) if first is not None and not i else measure(endpoint, tokens))
+        results.append(prime(i))
     endpoint.reset_prefix_cache(external=backend.evict_connector)
     if backend.evict_connector:
         # vLLM holds promotions from the file tier until the reset is flushed by a step: run one.

@@ -11,7 +11,9 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_kvoffload.core.costs import RecomputeFit
+from pytest_kvoffload.serve.backends import Backend
 from pytest_kvoffload.serve.client import Endpoint, measure
+from pytest_kvoffload.measure.runner import leave_in_tier_only
 from pytest_kvoffload.planner.simulate import Profile, Served, Tier, simulate
 from pytest_kvoffload.core.progress import Tracker
 from pytest_kvoffload.traces.selection import ReplayPlan
@@ -50,11 +52,16 @@ def engine_capacity_tokens(metrics_text: str) -> int | None:
 
 
 def replay_one_at_a_time(endpoint: Endpoint, plan: ReplayPlan, vocab_size: int, salt: str,
-                         tracker: Tracker | None = None) -> list[Measured]:
-    """The slice in trace order, each request alone (closed loop, concurrency 1), from empty caches."""
+                         tracker: Tracker | None = None, warm_for: Backend | None = None) -> list[Measured]:
+    """The slice in trace order, each request alone (closed loop, concurrency 1), from empty caches; with
+    `warm_for`, after a warming pass of it left in that backend's tiers and not in its engine (as the
+    trace replay's, traces/replay.py:warm_pass; plan_slice(warm=True) plans the same)."""
     endpoint.reset_prefix_cache(external=True)
+    items = plan.items(vocab_size, salt)
+    if warm_for is not None:
+        leave_in_tier_only(endpoint, warm_for, lambda i: [measure(endpoint, item.tokens) for item in items])
     out = []
-    for item in plan.items(vocab_size, salt):
+    for item in items:
         result = measure(endpoint, item.tokens)
         out.append(Measured(item.line, result.prompt_tokens, dict(result.cached_by_source), result.client_ttft_s))
         if tracker is not None:
@@ -75,9 +82,10 @@ def profile_of_run(recompute: dict, tier: dict | None, tier_name: str | None, kv
                    "this run's measurements", hit_base_s)
 
 
-def plan_slice(plan: ReplayPlan, profile: Profile, block_size: int, admission: bool) -> list[Served]:
+def plan_slice(plan: ReplayPlan, profile: Profile, block_size: int, admission: bool, warm: bool = False) -> list[Served]:
     """The planner on the replayed slice, in the configuration of the backend: its tier if it has one."""
-    result = simulate(plan.requests(), plan.trace.format, plan.scaling, profile, block_size, admission=admission)
+    result = simulate(plan.requests(), plan.trace.format, plan.scaling, profile, block_size, admission=admission,
+                      warm=warm)
     config = "+" + next(iter(profile.tiers)) if profile.tiers else "gpu-only"
     return result["configs"][config]
 
@@ -90,7 +98,24 @@ class Comparison:
     rows: list[dict]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "tier_share": self.share("tier"), "tier_agreement": self.agreement("tier"),
+                "median_abs_ttft_error_by_kind": {k: self.median_error(k) for k in KINDS}}
+
+    def of_kind(self, kind: str) -> list[dict]:
+        return [r for r in self.rows if r["kind"] == kind]
+
+    def share(self, kind: str) -> float:
+        """The share of requests of one kind (KINDS), as measured."""
+        return len(self.of_kind(kind)) / len(self.rows) if self.rows else 0.0
+
+    def agreement(self, kind: str) -> float | None:
+        """Source agreement over the requests of one kind; None where there are none."""
+        rows = self.of_kind(kind)
+        return float(np.mean([r["measured_sources"] == r["planned_sources"] for r in rows])) if rows else None
+
+    def median_error(self, kind: str) -> float | None:
+        errors = [r["ttft_error"] for r in self.of_kind(kind) if r["ttft_error"] is not None]
+        return float(np.median(errors)) if errors else None
 
     def problems(self) -> list[str]:
         """What a failing check says: the requests whose sources the plan got wrong."""
@@ -99,13 +124,23 @@ class Comparison:
                 f"{r['planned_sources']} {r['planned_cached']}" for r in wrong]
 
 
+# A request served in part by a tier, by the engine alone, or by neither (as measured).
+KINDS = ("tier", "engine", "miss")
+
+
+def kind_of(cached_by_source: dict[str, int]) -> str:
+    if any(n for source, n in cached_by_source.items() if source != "device"):
+        return "tier"
+    return "engine" if cached_by_source.get("device") else "miss"
+
+
 def compare(measured: list[Measured], planned: list[Served], fit_from_tokens: int = 0) -> Comparison:
     """Request by request. TTFT errors only of prompts of at least `fit_from_tokens` (the shortest length
     the recompute fit was measured at): below it the fit extrapolates, even to negative times."""
     rows = []
     for m, p in zip(measured, planned):
         planned_cached = {"device": p.engine, **p.loaded}
-        rows.append({"line": m.line, "prompt_tokens": m.prompt_tokens,
+        rows.append({"line": m.line, "prompt_tokens": m.prompt_tokens, "kind": kind_of(m.cached_by_source),
                      "measured_sources": sources(m.cached_by_source), "planned_sources": planned_sources(p),
                      "measured_cached": {k: v for k, v in m.cached_by_source.items() if v},
                      "planned_cached": {k: v for k, v in planned_cached.items() if v},

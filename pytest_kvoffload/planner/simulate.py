@@ -272,8 +272,10 @@ def capacity_in_blocks(capacity_bytes: float, profile: Profile, block_size: int)
 
 
 def simulate(requests: list[TraceRequest], fmt: str, scaling: Scaling, profile: Profile, block_size: int,
-             admission: bool = True, curve_points: int = 0) -> dict:
-    """Every configuration (and, with curve_points, each tier alone at that many sizes) in one pass."""
+             admission: bool = True, curve_points: int = 0, warm: bool = False) -> dict:
+    """Every configuration (and, with curve_points, each tier alone at that many sizes) in one pass.
+    `warm`: after a warming pass of the same requests that left them in the tiers and not in the engine
+    (the trace replay's, traces/replay.py:warm_pass)."""
     sizes = Sizes(capacity_in_blocks(profile.engine_bytes, profile, block_size),
                   {name: capacity_in_blocks(t.capacity_bytes, profile, block_size) for name, t in profile.tiers.items()})
     if sizes.engine < 1:
@@ -289,8 +291,13 @@ def simulate(requests: list[TraceRequest], fmt: str, scaling: Scaling, profile: 
     configs = configurations(profile)
     served: dict[str, list[Served]] = {name: [] for name, _ in configs}
     curve_served: dict[str, list[list[Served]]] = {name: [[] for _ in lrus] for name, lrus in curve.items()}
-    for request in requests:
-        prompt, keys = block_keys(request, fmt, scaling, block_size)
+    keyed = [block_keys(request, fmt, scaling, block_size) for request in requests]
+    if warm:
+        for _, keys in keyed:
+            for lru in [*tiers.values(), *(lru for lrus in curve.values() for lru in lrus)]:
+                lru.touch(keys)
+            seen.update(keys)
+    for prompt, keys in keyed:
         shared = leading(keys, seen) * block_size
         for name, used in configs:
             served[name].append(serve(profile, prompt, keys, engine, {t: tiers[t] for t in used}, block_size,

@@ -157,7 +157,7 @@ def replay_lines(run: dict) -> list[VerdictLine]:
     for name, verdict in sorted((data.get("offload") or {}).items()):
         outcome = (FIGURE if verdict.startswith("offload played no part") else
                    UNDECIDED if verdict.startswith("undecided") or "too few" in verdict else
-                   MISSED if verdict.endswith("cost you") else MET)
+                   MISSED if ": cost you" in verdict else MET)  # a caveat may follow (traces/replay.py)
         lines.append(VerdictLine(outcome, f"replay {name} against gpu-only", verdict, "trace replay"))
     return lines
 

@@ -1,6 +1,13 @@
 """Replaying a trace against one server: open loop at the trace's (scaled) arrival times with bounded
 concurrency, or closed loop with a fixed number of clients. Per-request TTFT and cached tokens come
-from each response; per-source hit counts from the server's counters around the whole replay."""
+from each response; per-source hit counts from the server's counters around the whole replay.
+
+Each measured replay follows a warming pass (warm_pass): the slice once, then the engine's prefix cache
+emptied and the tiers kept, as in each backend's tier-only cells. The measured pass then finds what the
+slice computed in the tiers and not in the engine, as a server whose working set outgrew its engine
+would: an engine of 32,768 tokens holds a whole slice, and vLLM sizes none below --max-model-len. A
+request was served by the tier where its cached tokens exceed gpu-only's for the same request (which
+only its engine could serve)."""
 
 from __future__ import annotations
 
@@ -12,8 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 from tabulate import tabulate
 
+from pytest_kvoffload.serve.backends import Backend
 from pytest_kvoffload.serve.client import Endpoint, RequestError, stream_completion
+from pytest_kvoffload.serve.lmcache import CHUNK_TOKENS, L2_LOADED_CHUNKS
+from pytest_kvoffload.serve.metrics import OFFLOAD_LOADED_BYTES
 from pytest_kvoffload.measure.paired import interval, verdict
+from pytest_kvoffload.measure.runner import leave_in_tier_only
 from pytest_kvoffload.core.progress import Tracker
 
 
@@ -88,6 +99,37 @@ def replay(endpoint: Endpoint, items: list[ReplayItem], mode: str = "open", conc
         return list(pool.map(send, items))
 
 
+def warm_pass(endpoint: Endpoint, backend: Backend, items: list[ReplayItem], mode: str, concurrency: int,
+              tracker: Tracker | None = None) -> None:
+    """The slice replayed (as often as the backend's tier must see a prefix to keep it), then the engine's
+    prefix cache emptied and the tiers kept: the measured replay that follows starts where a server
+    whose engine could not hold the slice would be."""
+    leave_in_tier_only(endpoint, backend, lambda i: replay(endpoint, items, mode, concurrency, tracker=tracker))
+
+
+def loaded_bytes(extra: dict[str, float], kv_bytes_per_token: int) -> float:
+    """What a backend's tier loaded, by the counter its connector keeps: ours (kvoffload:), vLLM's
+    offloading (its copies into the KV cache) or LMCache's server (whole chunks: an upper bound)."""
+    return max(extra.get("kvoffload:bytes_read_total", 0.0),
+               max(extra.get(name, 0.0) for name in OFFLOAD_LOADED_BYTES),
+               extra.get(L2_LOADED_CHUNKS, 0.0) * CHUNK_TOKENS * kv_bytes_per_token)
+
+
+# Below this share of requests served by the tier, an offload ratio says little of offload: it is printed
+# with that caveat.
+FEW_TIER_REQUESTS = 0.05
+
+
+def tier_served(base: dict | None, r: dict) -> float | None:
+    """The share of requests whose cached tokens exceed gpu-only's for the same request in the same repeat
+    (the same prompt at the same place: what only the engine could serve), over the repeats; None
+    without gpu-only's replay."""
+    if not base or "cached_by_repeat" not in base or "cached_by_repeat" not in r:
+        return None
+    pairs = [(c, c0) for run, run0 in zip(r["cached_by_repeat"], base["cached_by_repeat"]) for c, c0 in zip(run, run0)]
+    return float(np.mean([c > c0 for c, c0 in pairs])) if pairs else None
+
+
 def per_request_mean(runs: list[list[float | None]]) -> list[float | None]:
     """Each request's mean TTFT over the repeats; None for a request some repeat did not answer."""
     if not runs:
@@ -115,7 +157,8 @@ def offload_verdict(base: dict, r: dict) -> str:
     ratio at all when its tier served nothing."""
     pv = paired_verdict(base["ttft_s_by_repeat"], r["ttft_s_by_repeat"])
     tier_share = sum(v for s, v in r["hit_ratio"].items() if s != "device")
-    reads_counted = r.get("admission", "-") != "-"  # our connector counts the bytes it read; vLLM's tiers do not
+    # Whether the backend's connector counts the bytes it loads (lmcache-inproc-disk's does not).
+    reads_counted = r.get("bytes_counted", r.get("admission", "-") != "-")
     if not tier_share or (reads_counted and not r.get("bytes_loaded")):
         # Nothing came from the tier (or nothing was read): a ratio would credit the servers' difference to
         # offload, so none is printed.
@@ -125,10 +168,13 @@ def offload_verdict(base: dict, r: dict) -> str:
     low, high = pv["interval"]
     spread = f"95% {low:.2f} to {high:.2f}" if low is not None and high is not None else "too few requests for an interval"
     text = f"median request {pv['median_ratio']:.2f}x gpu-only ({spread}, {pv['pairs']} requests)"
-    return f"{text}: " + {"paid": "paid", "same": "no difference shown", "slower": "cost you"}[pv["verdict"]]
+    served = tier_served(base, r)
+    caveat = (f" (the tier served only {served:.0%} of requests: a figure of the engines more than of offload)"
+              if served is not None and served < FEW_TIER_REQUESTS else "")
+    return f"{text}: " + {"paid": "paid", "same": "no difference shown", "slower": "cost you"}[pv["verdict"]] + caveat
 
 
-def replay_result(runs: list, p_star: float | None, shared: list[int]) -> dict:
+def replay_result(runs: list, p_star: float | None, shared: list[int], kv_bytes_per_token: int) -> dict:
     """A backend's replays summed up: `runs` each (records, counters moved, wall seconds); `p_star` the
     break-even prefix measured in this session, `shared` each request's reusable prefix in tokens."""
     records = [r for run, _, _ in runs for r in run]
@@ -149,7 +195,8 @@ def replay_result(runs: list, p_star: float | None, shared: list[int]) -> dict:
         "ttft_p50_s": float(np.percentile(ttfts, 50)), "ttft_p90_s": float(np.percentile(ttfts, 90)),
         "ttft_p99_s": float(np.percentile(ttfts, 99)), "ttft_mean_s": float(ttfts.mean()),
         "hit_ratio": {s: v / prompt_tokens for s, v in cached.items()},
-        "bytes_loaded": extra.get("kvoffload:bytes_read_total", 0.0),
+        "bytes_loaded": loaded_bytes(extra, kv_bytes_per_token),
+        "bytes_counted": any(k in extra for k in ("kvoffload:bytes_read_total", L2_LOADED_CHUNKS, *OFFLOAD_LOADED_BYTES)),
         "admission": (f"{extra.get('kvoffload:loads_admitted_total', 0):.0f} in, "
                       f"{extra.get('kvoffload:loads_declined_total', 0):.0f} out")
         if any(k.startswith("kvoffload:loads_") for k in extra) else "-",
@@ -161,6 +208,8 @@ def replay_result(runs: list, p_star: float | None, shared: list[int]) -> dict:
         "late_s_max": max(r.late_s for r in records),
         # Each repeat's TTFT per request in trace order: the pairs of the verdict against gpu-only.
         "ttft_s_by_repeat": [[r.ttft_s for r in run] for run, _, _ in runs],
+        # And its cached tokens: more than gpu-only's for the same request is a request the tier served.
+        "cached_by_repeat": [[r.cached_tokens for r in run] for run, _, _ in runs],
         "per_request": [vars(r) for r in runs[0][0]],
     }
     return result
@@ -178,7 +227,8 @@ def replay_table(results: dict) -> str:
     base = results.get("gpu-only")
     for name, r in results.items():
         verdict = offload_verdict(base, r) if base and name != "gpu-only" else "-"
-        rows.append([name, r["requests"], f"{r['ttft_p50_s'] * 1e3:,.0f}", f"{r['ttft_p90_s'] * 1e3:,.0f}",
+        served = tier_served(base, r) if name != "gpu-only" else None
+        rows.append([name, r["requests"], "-" if served is None else f"{served:.0%}", f"{r['ttft_p50_s'] * 1e3:,.0f}", f"{r['ttft_p90_s'] * 1e3:,.0f}",
                      f"{r['ttft_p99_s'] * 1e3:,.0f}",
                      f"{r['arrival_p50_s'] * 1e3:,.0f} / {r['arrival_p99_s'] * 1e3:,.0f}",
                      f"{r['late_s_max'] * 1e3:,.0f}",
@@ -186,7 +236,7 @@ def replay_table(results: dict) -> str:
                      f"{r['bytes_loaded'] / 1e6:,.1f}", r["admission"],
                      "-" if r["share_above_break_even"] is None else f"{r['share_above_break_even']:.0%}",
                      f"{r['wall_s']:.1f}", verdict])
-    return tabulate(rows, headers=["backend", "requests", "p50 ms", "p90 ms", "p99 ms",
+    return tabulate(rows, headers=["backend", "requests", "tier-served", "p50 ms", "p90 ms", "p99 ms",
                                    "from arrival p50 / p99 ms", "latest send ms", "hit ratio by source",
                                    "MB loaded", "admission", "above break-even", "wall s (mean)", "offload"],
                     disable_numparse=True)

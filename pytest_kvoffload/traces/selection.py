@@ -33,14 +33,15 @@ class ReplayPlan:
                            max(1, min(r.output_length, self.max_output)))
                 for r in self.requests()]
 
-    def shared_prefixes(self, block_size: int) -> list[int]:
+    def shared_prefixes(self, block_size: int, after_warm: bool = False) -> list[int]:
         """Per request, in order, the tokens of its prompt that an earlier request of the replay already
         had, in whole cache blocks: the part a cache could serve, which is what a break-even prefix is
-        compared with (not the prompt's length)."""
-        seen: set[int] = set()
+        compared with (not the prompt's length). `after_warm`: after a warming pass of the same slice
+        (traces/replay.py:warm_pass), which has seen every block."""
+        keyed = [block_keys(request, self.trace.format, self.scaling, block_size)[1] for request in self.requests()]
+        seen: set[int] = {key for keys in keyed for key in keys} if after_warm else set()
         shared = []
-        for request in self.requests():
-            _, keys = block_keys(request, self.trace.format, self.scaling, block_size)
+        for keys in keyed:
             shared.append(leading(keys, seen) * block_size)
             seen.update(keys)
         return shared

@@ -74,3 +74,24 @@ def test_a_backend_against_itself_shows_no_difference(kv_session, kv_backend, st
                              {"cells": [r.to_dict() for r in results]})
     assert not [f for r in results for f in r.failures]
     assert [r.verdict() for r in results] == ["no difference"] * len(cells), ab.render(kv_backend.name, twin, results)
+
+
+def test_a_no_difference_states_what_it_could_have_seen():
+    tight = comparison([1.0, 0.98, 1.02, 1.0, 1.01, 0.99, 1.03])
+    wide = comparison([1.0, 0.5, 1.02, 1.0, 1.8, 0.99, 1.0])
+    assert tight.sees() == pytest.approx(0.03) and wide.sees() == pytest.approx(0.8)
+    assert tight.verdict() == wide.verdict() == "no difference"
+    assert ab.overall([tight, wide]).endswith("2 without a difference at 95% confidence "
+                                              "(1 of them could not have seen 10%: more rounds, --kv-rounds)")
+    table = ab.render("gpu-only", "gpu-only~b", [tight, wide], ("0.31.0", "0.32.0"))
+    assert "A = gpu-only (vLLM 0.31.0), B = gpu-only~b (vLLM 0.32.0)" in table and "sees from" in table
+    assert "80%" in table and "ok, A=B" in table
+
+
+def test_outputs_that_differ_across_releases_are_a_version_change_not_wrong_kv():
+    same, changed = comparison([1.0] * 7), comparison([1.0] * 7)
+    changed.outputs_differ = "output token 3: 17 where A gives 29"
+    note = ab.output_note([same, changed], ("0.31.0", "0.32.0"))
+    assert "A!=B in 1 of 2 cell(s), vLLM 0.31.0 against 0.32.0: a version change, not wrong KV" in note
+    assert "the same vLLM on both" in ab.output_note([changed], ("0.32.0", "0.32.0"))
+    assert ab.output_column(changed) == "ok, A!=B" and changed.to_dict()["outputs_a_vs_b"].startswith("output token 3")

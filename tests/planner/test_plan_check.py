@@ -67,6 +67,34 @@ def test_the_slice_is_planned_in_the_backends_configuration(tmp_path: Path):
     assert planned[1].engine == 0 and planned[1].loaded == {"disk": 7 * 128}
 
 
+def test_after_a_warming_pass_the_tier_serves_what_the_engine_lost(tmp_path: Path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 2048, "output_length": 1, "hash_ids": [1, 2, 3, 4]}\n'
+                     '{"timestamp": 1, "input_length": 2560, "output_length": 1, "hash_ids": [1, 2, 3, 4, 5]}\n')
+    plan = ReplayPlan(read_trace(trace), Scaling(tokens_per_block=256), "closed", 1, 1)
+    fit = {"a": 0.01, "b": 1e-4, "c": 0.0}
+    tier = {"bandwidth_gbps": 1.0, "fixed_s": 0.001}
+    with_disk = plan_check.profile_of_run(fit, tier, "disk", 4096, engine_tokens=10_000, tier_capacity_bytes=1e9)
+    cold = plan_check.plan_slice(plan, with_disk, block_size=128, admission=False)
+    warm = plan_check.plan_slice(plan, with_disk, block_size=128, admission=False, warm=True)
+    assert [plan_check.planned_sources(s) for s in cold] == ["none", "device"]
+    # The first request finds its 7 whole blocks in the tier; the second its prefix in the engine again,
+    # its own last whole blocks in the tier.
+    assert [plan_check.planned_sources(s) for s in warm] == ["disk", "device+disk"]
+    assert warm[0].loaded == {"disk": 7 * 128} and warm[1].engine == 7 * 128
+    assert plan.shared_prefixes(128) == [0, 7 * 128] and plan.shared_prefixes(128, after_warm=True) == [7 * 128, 9 * 128]
+
+
+def test_the_comparison_says_per_kind_of_request_how_the_plan_did():
+    real = [measured(1, {}), measured(2, {"device": 896}, 0.04), measured(3, {"disk": 512}, 0.06),
+            measured(4, {"device": 256, "disk": 512}, 0.05)]
+    plan = [served(), served(engine=896, ttft=0.05), served(loaded={"disk": 512}, ttft=0.06), served(engine=768)]
+    c = plan_check.compare(real, plan)
+    assert [r["kind"] for r in c.rows] == ["miss", "engine", "tier", "tier"]
+    assert c.share("tier") == 0.5 and c.agreement("tier") == 0.5 and c.agreement("miss") == 1.0
+    assert c.median_error("tier") == pytest.approx(0.5) and c.to_dict()["tier_share"] == 0.5
+
+
 def test_tests_that_read_cells_run_last_in_their_backends_run():
     from pytest_kvoffload.harness.plugin import after_cells_last
 

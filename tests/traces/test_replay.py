@@ -100,3 +100,51 @@ def test_a_replay_whose_tier_loaded_nothing_prints_no_offload_ratio():
     assert counted.startswith("offload played no part")
     loaded = offload_verdict(base, {**faster, "hit_ratio": {"disk": 0.2}, "bytes_loaded": 5e6, "admission": "3 in, 0 out"})
     assert loaded.startswith("median request 0.90x gpu-only")
+
+
+def test_a_request_served_by_the_tier_got_more_cached_tokens_than_on_gpu_only():
+    from pytest_kvoffload.traces.replay import offload_verdict, tier_served
+
+    base = {"ttft_s_by_repeat": [[0.10, 0.20, 0.30]] * 2, "cached_by_repeat": [[0, 896, 0]] * 2}
+    tier = {"ttft_s_by_repeat": [[0.05, 0.18, 0.20]] * 2, "cached_by_repeat": [[768, 896, 640], [768, 896, 0]],
+            "hit_ratio": {"disk": 0.3, "device": 0.2}, "bytes_loaded": 5e6, "admission": "-", "bytes_counted": True}
+    assert tier_served(base, tier) == pytest.approx(3 / 6)
+    assert tier_served({"ttft_s_by_repeat": []}, tier) is None
+    assert "x gpu-only" in offload_verdict(base, tier) and "served only" not in offload_verdict(base, tier)
+    # Under 5% of requests from the tier: the ratio carries the caveat.
+    few = {**tier, "cached_by_repeat": [[0, 896, 0]] * 2}
+    assert offload_verdict(base, few).endswith("a figure of the engines more than of offload)")
+    # vLLM's tiers count their bytes too: a tier share with nothing loaded is no offload.
+    assert offload_verdict(base, {**tier, "bytes_loaded": 0.0}).startswith("offload played no part")
+
+
+def test_bytes_loaded_are_read_from_whichever_counter_the_connector_keeps():
+    from pytest_kvoffload.serve.lmcache import CHUNK_TOKENS, L2_LOADED_CHUNKS
+    from pytest_kvoffload.traces.replay import loaded_bytes
+
+    assert loaded_bytes({"kvoffload:bytes_read_total": 4096.0}, 4096) == 4096.0
+    assert loaded_bytes({'vllm:kv_offload_total_bytes_total{transfer_type="CPU_to_GPU"}': 8192.0,
+                         'vllm:kv_offload_total_bytes_total{transfer_type="GPU_to_CPU"}': 1e9}, 4096) == 8192.0
+    assert loaded_bytes({L2_LOADED_CHUNKS: 2.0}, 4096) == 2 * CHUNK_TOKENS * 4096
+    assert loaded_bytes({}, 4096) == 0.0
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
+def test_after_a_warming_pass_the_replay_is_served_by_the_tier_not_the_engine(kv_session, kv_backend, kv_server,
+                                                                              tmp_path):
+    from pytest_kvoffload.traces.replay import warm_pass
+
+    plan = ReplayPlan(read_trace(make_trace(tmp_path)), Scaling(tokens_per_block=256), "closed", 1, 1)
+    vocab = kv_session.settings.model.vocab_size
+    warmed, control = (plan.items(vocab, f"{kv_session.salt}|warm-{name}")[:1] for name in ("pass", "control"))
+    kv_server.reset_prefix_cache(external=True)
+    warm_pass(kv_server, kv_backend, warmed, "closed", 1)
+    served = {}
+    for name, items in (("warmed", warmed), ("control", control)):
+        before = kv_server.metrics()
+        assert not [r.error for r in replay(kv_server, items, mode="closed", concurrency=1) if r.error]
+        served[name] = {s: n for s, n in kv_server.metrics().delta(before).cached_by_source.items() if n}
+    # 512 tokens: at least one whole 256-token chunk from the store, nothing from the engine; the control,
+    # never warmed, nothing at all.
+    assert set(served["warmed"]) == {"disk"} and served["warmed"]["disk"] >= 256 and served["control"] == {}, served
