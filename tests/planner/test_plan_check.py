@@ -48,33 +48,34 @@ def test_comparison_agrees_and_a_planted_wrong_plan_is_caught():
     assert bad.problems()[0].startswith("line 2: measured device {'device': 896}, planned none")
 
 
-def test_the_slice_is_planned_in_the_backends_configuration(tmp_path: Path):
+FIT = {"a": 0.01, "b": 1e-4, "c": 0.0}
+TIER = {"bandwidth_gbps": 1.0, "fixed_s": 0.001}
+
+
+def two_requests(tmp_path: Path) -> ReplayPlan:
+    """512-token trace blocks scaled to 256 tokens: 1,024 and 1,280 tokens, 7 of the first's whole 128-token
+    blocks shared (vLLM never serves a prompt's last token, so its last block is not counted)."""
     trace = tmp_path / "t.jsonl"
-    # 512-token trace blocks scaled to 256 tokens: 1,024 and 1,280 tokens, 7 of the first's whole 128-token
-    # blocks shared (vLLM never serves a prompt's last token, so its last block is not counted).
     trace.write_text('{"timestamp": 0, "input_length": 2048, "output_length": 1, "hash_ids": [1, 2, 3, 4]}\n'
                      '{"timestamp": 1, "input_length": 2560, "output_length": 1, "hash_ids": [1, 2, 3, 4, 5]}\n')
-    plan = ReplayPlan(read_trace(trace), Scaling(tokens_per_block=256), "closed", 1, 1)
-    fit = {"a": 0.01, "b": 1e-4, "c": 0.0}
+    return ReplayPlan(read_trace(trace), Scaling(tokens_per_block=256), "closed", 1, 1)
+
+
+def test_the_slice_is_planned_in_the_backends_configuration(tmp_path: Path):
+    plan, fit = two_requests(tmp_path), FIT
     engine_only = plan_check.profile_of_run(fit, None, None, 4096, engine_tokens=10_000, tier_capacity_bytes=0)
     planned = plan_check.plan_slice(plan, engine_only, block_size=128, admission=False)
     assert [plan_check.planned_sources(s) for s in planned] == ["none", "device"]
     # An engine of one block keeps only the first request's last block: the disk tier serves the prefix.
-    tier = {"bandwidth_gbps": 1.0, "fixed_s": 0.001}
-    with_disk = plan_check.profile_of_run(fit, tier, "disk", 4096, engine_tokens=128, tier_capacity_bytes=1e9)
+    with_disk = plan_check.profile_of_run(fit, TIER, "disk", 4096, engine_tokens=128, tier_capacity_bytes=1e9)
     planned = plan_check.plan_slice(plan, with_disk, block_size=128, admission=False)
     assert [plan_check.planned_sources(s) for s in planned] == ["none", "disk"]
     assert planned[1].engine == 0 and planned[1].loaded == {"disk": 7 * 128}
 
 
 def test_after_a_warming_pass_the_tier_serves_what_the_engine_lost(tmp_path: Path):
-    trace = tmp_path / "t.jsonl"
-    trace.write_text('{"timestamp": 0, "input_length": 2048, "output_length": 1, "hash_ids": [1, 2, 3, 4]}\n'
-                     '{"timestamp": 1, "input_length": 2560, "output_length": 1, "hash_ids": [1, 2, 3, 4, 5]}\n')
-    plan = ReplayPlan(read_trace(trace), Scaling(tokens_per_block=256), "closed", 1, 1)
-    fit = {"a": 0.01, "b": 1e-4, "c": 0.0}
-    tier = {"bandwidth_gbps": 1.0, "fixed_s": 0.001}
-    with_disk = plan_check.profile_of_run(fit, tier, "disk", 4096, engine_tokens=10_000, tier_capacity_bytes=1e9)
+    plan = two_requests(tmp_path)
+    with_disk = plan_check.profile_of_run(FIT, TIER, "disk", 4096, engine_tokens=10_000, tier_capacity_bytes=1e9)
     cold = plan_check.plan_slice(plan, with_disk, block_size=128, admission=False)
     warm = plan_check.plan_slice(plan, with_disk, block_size=128, admission=False, warm=True)
     assert [plan_check.planned_sources(s) for s in cold] == ["none", "device"]
