@@ -4,8 +4,8 @@ tiers and not in the engine (traces/replay.py: the tiers then serve part of the 
 
 Reports per backend TTFT p50/p90/p99, hit ratio by source, bytes loaded, admission decisions and the
 share of requests above the break-even prefix measured in this session, and says whether offload paid
-on this trace against gpu-only: each request's TTFT paired with gpu-only's for the same request, the
-median ratio with its 95% interval (replay.paired_verdict). Give the trace with --kv-trace (see
+on this trace against gpu-only: on the requests the tier served, each one's TTFT paired with gpu-only's for
+the same request, the median ratio with its 95% interval (replay.paired_verdict). Give the trace with --kv-trace (see
 docs/trace-replay.md for the scaling options).
 """
 

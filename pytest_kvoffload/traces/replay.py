@@ -23,7 +23,7 @@ from pytest_kvoffload.serve.backends import Backend
 from pytest_kvoffload.serve.client import Endpoint, RequestError, stream_completion
 from pytest_kvoffload.serve.lmcache import CHUNK_TOKENS, L2_LOADED_CHUNKS
 from pytest_kvoffload.serve.metrics import OFFLOAD_LOADED_BYTES
-from pytest_kvoffload.measure.paired import interval, verdict
+from pytest_kvoffload.measure.paired import FLOOR, interval
 from pytest_kvoffload.measure.runner import leave_in_tier_only
 from pytest_kvoffload.core.progress import Tracker
 
@@ -138,24 +138,38 @@ def per_request_mean(runs: list[list[float | None]]) -> list[float | None]:
             for i in range(min(len(run) for run in runs))]
 
 
-def paired_verdict(base_runs: list[list[float | None]], runs: list[list[float | None]]) -> dict:
+def paired_verdict(base_runs: list[list[float | None]], runs: list[list[float | None]],
+                   keep: list[bool] | None = None) -> dict:
     """A backend's repeated replays against gpu-only's, request by request: each request's mean TTFT over
     the repeats divided by gpu-only's for the same request (the same prompt at the same place in the
     trace). Pairing cancels what requests differ in (length, reuse); the repeats carry the servers' noise.
-    The median ratio, its two-sided 95% interval and paired.verdict ('paid', 'same' or 'slower')."""
-    ratios = [b / a for a, b in zip(per_request_mean(base_runs), per_request_mean(runs))
-              if a and b is not None]
+    `keep`: which requests to pair (None: all). The median ratio, its two-sided 95% interval and a verdict
+    from that interval alone: 'paid' below 1 - FLOOR, 'slower' above 1 + FLOOR, 'same' otherwise (no
+    difference shown), 'undecided' with too few requests for an interval; 'sees' how far it reaches from 1."""
+    pairs = zip(per_request_mean(base_runs), per_request_mean(runs))
+    ratios = [b / a for i, (a, b) in enumerate(pairs) if a and b is not None and (keep is None or keep[i])]
     if not ratios:
-        return {"pairs": 0, "median_ratio": None, "interval": [None, None], "verdict": "undecided"}
+        return {"pairs": 0, "median_ratio": None, "interval": [None, None], "verdict": "undecided", "sees": None}
     low, high = interval(ratios)
+    decided = "undecided" if low is None or high is None else (
+        "paid" if high < 1 - FLOOR else "slower" if low > 1 + FLOOR else "same")
     return {"pairs": len(ratios), "median_ratio": float(np.median(ratios)), "interval": [low, high],
-            "verdict": verdict(ratios)}
+            "verdict": decided, "sees": None if low is None or high is None else max(high - 1, 1 - low)}
+
+
+def served_requests(base: dict | None, r: dict) -> list[bool] | None:
+    """Per request in trace order: whether the tier served it in some repeat (more cached tokens than on
+    gpu-only for the same request); None without both replays' cached tokens."""
+    if not base or "cached_by_repeat" not in base or "cached_by_repeat" not in r:
+        return None
+    runs = list(zip(r["cached_by_repeat"], base["cached_by_repeat"]))
+    return [any(run[i] > run0[i] for run, run0 in runs) for i in range(min(len(run) for run, _ in runs))]
 
 
 def offload_verdict(base: dict, r: dict) -> str:
-    """A backend's replay against gpu-only's, request by request over the repeats (paired_verdict); no
-    ratio at all when its tier served nothing."""
-    pv = paired_verdict(base["ttft_s_by_repeat"], r["ttft_s_by_repeat"])
+    """A backend's replay against gpu-only's, request by request over the repeats (paired_verdict), on the
+    requests its tier served (where offload plays a part; all requests where that is not known), with the
+    median over all requests beside it; no ratio at all when its tier served nothing."""
     tier_share = sum(v for s, v in r["hit_ratio"].items() if s != "device")
     # Whether the backend's connector counts the bytes it loads (lmcache-inproc-disk's does not).
     reads_counted = r.get("bytes_counted", r.get("admission", "-") != "-")
@@ -163,15 +177,25 @@ def offload_verdict(base: dict, r: dict) -> str:
         # Nothing came from the tier (or nothing was read): a ratio would credit the servers' difference to
         # offload, so none is printed.
         return f"offload played no part: no tier hits, {r.get('bytes_loaded', 0) / 1e6:.0f} MB loaded"
+    every = paired_verdict(base["ttft_s_by_repeat"], r["ttft_s_by_repeat"])
+    mask = served_requests(base, r)
+    pv = paired_verdict(base["ttft_s_by_repeat"], r["ttft_s_by_repeat"], keep=mask) if mask and any(mask) else every
     if pv["median_ratio"] is None:
         return "undecided: no request answered by both"
     low, high = pv["interval"]
     spread = f"95% {low:.2f} to {high:.2f}" if low is not None and high is not None else "too few requests for an interval"
-    text = f"median request {pv['median_ratio']:.2f}x gpu-only ({spread}, {pv['pairs']} requests)"
+    if pv is every:
+        text = f"median request {pv['median_ratio']:.2f}x gpu-only ({spread}, {pv['pairs']} requests)"
+    else:
+        text = f"tier-served requests ({pv['pairs']} of {len(mask)}): median {pv['median_ratio']:.2f}x gpu-only ({spread})"
     served = tier_served(base, r)
     caveat = (f" (the tier served only {served:.0%} of requests: a figure of the engines more than of offload)"
               if served is not None and served < FEW_TIER_REQUESTS else "")
-    return f"{text}: " + {"paid": "paid", "same": "no difference shown", "slower": "cost you"}[pv["verdict"]] + caveat
+    outcome = {"paid": "paid", "same": "no difference shown", "slower": "cost you", "undecided": "undecided"}[pv["verdict"]]
+    if pv["verdict"] == "same" and pv["sees"] is not None:
+        outcome += f" (sees from {pv['sees']:.0%})"
+    rest = f"; every request {every['median_ratio']:.2f}x" if pv is not every and every["median_ratio"] else ""
+    return f"{text}: {outcome}{caveat}{rest}"
 
 
 def replay_result(runs: list, p_star: float | None, shared: list[int], kv_bytes_per_token: int) -> dict:

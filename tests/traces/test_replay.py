@@ -148,3 +148,26 @@ def test_after_a_warming_pass_the_replay_is_served_by_the_tier_not_the_engine(kv
     # 512 tokens: at least one whole 256-token chunk from the store, nothing from the engine; the control,
     # never warmed, nothing at all.
     assert set(served["warmed"]) == {"disk"} and served["warmed"]["disk"] >= 256 and served["control"] == {}, served
+
+
+def test_the_offload_verdict_is_decided_on_the_requests_the_tier_served():
+    from pytest_kvoffload.traces.replay import offload_verdict
+
+    rng = np.random.default_rng(1)
+    sizes = rng.uniform(0.02, 0.3, 24)
+    served = np.arange(24) % 3 == 0  # a third of the requests find their prefix only in the tier
+
+    def replay(factor_served, cached=768):
+        return {"ttft_s_by_repeat": [list(sizes * np.where(served, factor_served, 1.0) * rng.uniform(0.98, 1.02, 24))
+                                     for _ in range(2)],
+                "cached_by_repeat": [list(np.where(served, cached, 0)) for _ in range(2)],
+                "hit_ratio": {"disk": 0.3}, "bytes_loaded": 5e6, "bytes_counted": True}
+
+    base = {**replay(1.0, cached=0), "hit_ratio": {"device": 0.0}}
+    paid = offload_verdict(base, replay(0.5))
+    assert paid.startswith("tier-served requests (8 of 24): median 0.50x gpu-only") and ": paid" in paid
+    # Over every request the median is one the engine serves either way: no difference there.
+    assert float(paid.rsplit("every request ", 1)[1].rstrip("x")) == pytest.approx(1.0, abs=0.02)
+    # The near miss: 15% slower on the requests the tier served fails; no change shows no difference.
+    assert ": cost you" in offload_verdict(base, replay(1.15))
+    assert "no difference shown (sees from" in offload_verdict(base, replay(1.0))
