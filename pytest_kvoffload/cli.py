@@ -173,7 +173,7 @@ def _compare(args) -> int:
 
 
 def _plan(args) -> int:
-    from pytest_kvoffload.planner.cli import run_plan
+    from pytest_kvoffload.planner.plan_command import run_plan
 
     return run_plan(args)
 

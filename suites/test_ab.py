@@ -7,8 +7,8 @@ The recommended way to compare connectors before an upgrade (pytest_kvoffload/me
 
 import pytest
 
-from pytest_kvoffload.measure import ab
-from pytest_kvoffload.measure.cells import State
+from pytest_kvoffload.suite_machinery import ab
+from pytest_kvoffload.core.cell_state import State
 
 NAME = "A/B"
 

@@ -1,9 +1,9 @@
 """The admission rule, judged where its decision is hard: around the break-even prefix p*.
 
 On a drive emulated so that p* falls at half the longest length (all per-load latency, the mix that makes
-a wrong decision costly on both sides; admission/slow_drive.py), a control server takes every load and a
+a wrong decision costly on both sides; suite_machinery/admission/derived_drive.py), a control server takes every load and a
 guarded server runs --kv-admission (default queue), interleaved round by round on frontier cells at 0.5,
-0.7, 0.85, 1.2, 1.4 and 2 times the p* the control measured. Every decision is judged (admission/judge.py):
+0.7, 0.85, 1.2, 1.4 and 2 times the p* the control measured. Every decision is judged (suite_machinery/admission/judge.py):
 an admitted load wrong when its hit was more than the 10% cap slower than the cold request beside it, a
 declined one when the control's load of that cell and round paid by more than the rule's margin plus the
 cap. "Never slower" means: in no cell more wrong rounds than noise explains at 95% confidence (noise measured
@@ -16,7 +16,7 @@ static:scale=1.5, static:no-fixed (--kv-admission=...), and queue:full-credit fo
 
 import pytest
 
-from pytest_kvoffload.admission import check, judge
+from pytest_kvoffload.suite_machinery.admission import grid_checks as check, judge
 
 pytestmark = [pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session"),
               # The unthrottled drive probe, the control and the guarded rule.

@@ -1,9 +1,9 @@
 """The disk tier against the raw drive, side by side in one run on the same drive: figures printed (no timed
-asserts), the sources of every hit asserted. What is measured and how to read it: drive/disk_speed.py."""
+asserts), the sources of every hit asserted. What is measured and how to read it: suite_machinery/disk_speed.py."""
 
 import pytest
 
-from pytest_kvoffload.drive.disk_speed import DiskSpeed
+from pytest_kvoffload.suite_machinery.disk_speed import DiskSpeed
 from pytest_kvoffload.record.disk_speed_summary import DISK_SPEED
 from pytest_kvoffload.serve.builtin_backends import kvoffload_chunk_tokens, kvoffload_store_dir
 

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from pytest_kvoffload.serve.client import stream_completion
-from pytest_kvoffload.measure.paired import within_cap
+from pytest_kvoffload.analysis.paired import within_cap
 from pytest_kvoffload.core.progress import Tracker
 from pytest_kvoffload.measure.prompts import make_prompt
 from pytest_kvoffload.serve.server import settle

@@ -15,8 +15,8 @@ TTFT error printed apart from engine hits' and misses'.
 import pytest
 from tabulate import tabulate
 
-from pytest_kvoffload.planner import check as plan_check
-from pytest_kvoffload.record.analysis import analyse
+from pytest_kvoffload.suite_machinery import plan_vs_replay as plan_check
+from pytest_kvoffload.analysis.fits import analyse
 from pytest_kvoffload.core.progress import Tracker
 
 NAME = "plan vs replay"

@@ -1,6 +1,6 @@
 """A request trace through each selected backend: same prompts, same order, caches emptied before each
 replay, --kv-trace-repeats replays per backend, each after a warming pass that leaves the slice in the
-tiers and not in the engine (traces/replay.py: the tiers then serve part of the replay).
+tiers and not in the engine (suite_machinery/trace_replay.py: the tiers then serve part of the replay).
 
 Reports per backend TTFT p50/p90/p99, hit ratio by source, bytes loaded, admission decisions and the
 share of requests above the break-even prefix measured in this session, and says whether offload paid
@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from pytest_kvoffload.record.analysis import analyse
+from pytest_kvoffload.analysis.fits import analyse
 from pytest_kvoffload.core.progress import Tracker
-from pytest_kvoffload.traces.replay import offload_verdicts, replay, replay_result, replay_table, warm_pass
+from pytest_kvoffload.suite_machinery.trace_replay import offload_verdicts, replay, replay_result, replay_table, warm_pass
 
 NAME = "trace replay"
 

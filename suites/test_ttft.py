@@ -4,14 +4,14 @@ Each cell is one test; its rounds go through pytest-benchmark, and every request
 vLLM's per-source cache counters, so a "hit" that came from the wrong place fails its cell. Right after
 each other tier backend's cells (marker kv_after_cells), the side-by-side table's close calls against it
 (kvoffload-disk against that tier where the grid's rounds cannot tell whether it meets its target) are
-measured again in interleaved rounds (measure/close_calls.py), on the two servers that measured the grid:
+measured again in interleaved rounds (suite_machinery/ttft.py), on the two servers that measured the grid:
 kvoffload-disk's, measured first, stays up (serve/server.ServerPool.keep).
 """
 
 import pytest
 
-from pytest_kvoffload.core.tier_target import TARGET_TIERS
-from pytest_kvoffload.measure import close_calls
+from pytest_kvoffload.analysis.tier_target import TARGET_TIERS
+from pytest_kvoffload.suite_machinery import ttft as close_calls
 from pytest_kvoffload.record.report import CLOSE_CALLS, OURS
 
 

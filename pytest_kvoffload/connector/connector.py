@@ -9,7 +9,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
 from pytest_kvoffload.core.vllm_releases import cache_hit_source, installed
 from pytest_kvoffload.core.calibration import check_fingerprint, machine_fingerprint, read_calibration, tier_entry
-from pytest_kvoffload.connector.admission import FIXED_MODES, Admission, FixedAdmission
+from pytest_kvoffload.connector.admission_rule import FIXED_MODES, Admission, FixedAdmission
 from pytest_kvoffload.connector.config import ConnectorConfig
 from pytest_kvoffload.connector.hashing import key_root
 from pytest_kvoffload.connector.metadata import KVOffloadMetadata

@@ -16,7 +16,7 @@ from pathlib import Path
 from pytest_kvoffload.core import machine
 from pytest_kvoffload.core.costs import admission_margin
 from pytest_kvoffload.core.machine import package_version
-from pytest_kvoffload.core.files import atomic_write_json
+from pytest_kvoffload.core.whole_files import atomic_write_json
 SCHEMA = "pytest-kvoffload/calibration"
 # 2: the fingerprint holds the machine (cpu, cpu_flags, gpu, tensor_parallel, vllm, store_fs), and each tier
 # the break-even prefix its rule enforces (margin included) beside the one where hits pay. Version 1 files

@@ -2,7 +2,7 @@
 loading it from a tier costs (TierFit: a fixed cost plus bytes over a bandwidth), whether a load pays
 (load_and_recompute, the one definition), and the break-even bandwidth and prefix derived from them.
 
-The connector's admission rule (connector/admission.py) and the record layer's fits (record/analysis.py)
+The connector's admission rule (connector/admission_rule.py) and the record layer's fits (analysis/fits.py)
 both import it; it imports nothing of the package but its tolerances (core/tolerances.py).
 
 Model (the suffix a partial hit still computes included):
@@ -34,7 +34,7 @@ class TierFit:
     bandwidth_bps: float  # effective bytes per second of the tier (inf when loads cost nothing measurable)
     fixed_s: float
     points: int
-    # The fit's 95% t interval (record/analysis.py): the bandwidth's is (low, high), high inf when
+    # The fit's 95% t interval (analysis/fits.py): the bandwidth's is (low, high), high inf when
     # the slope's interval reaches 0: the loads were too small for this noise to tell their transfer time.
     bandwidth_low_bps: float = 0.0
     bandwidth_high_bps: float = math.inf

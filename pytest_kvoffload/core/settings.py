@@ -38,7 +38,7 @@ class Settings:
     # out (measure/prefill_speed.py); None keeps every length, as do lengths the user gave (lengths_given).
     max_prefill_s: float | None = None
     lengths_given: bool = False
-    # The rule the admission suite's guarded server runs (--kv-admission; connector/admission.py).
+    # The rule the admission suite's guarded server runs (--kv-admission; connector/admission_rule.py).
     admission: str = "queue"
     # A buffered disk tier's files before each tier-only round: "cold" (dropped from the page cache, so the
     # hit reads the disk) or "warm" (left there: the figures are served from memory, and say so).

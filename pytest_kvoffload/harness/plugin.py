@@ -17,7 +17,8 @@ from pytest_kvoffload.harness import server_plan
 from pytest_kvoffload.serve.backends import BackendConfigError, LaunchContext, server_command, server_release
 from pytest_kvoffload.core.vllm_releases import UnsupportedVllm
 from pytest_kvoffload.serve.builtin_backends import default_registry
-from pytest_kvoffload.measure.cells import State, grid
+from pytest_kvoffload.measure.cells import grid
+from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.harness.fixtures import SESSION_KEY
 from pytest_kvoffload.record.run_record import RecordError, read_run
 from pytest_kvoffload.record.summary_text import summary_text

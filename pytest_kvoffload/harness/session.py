@@ -32,7 +32,7 @@ from pytest_kvoffload.serve.server_imports import import_problem
 from pytest_kvoffload.serve.server import ServerPool, VllmServer
 from pytest_kvoffload.core.settings import Settings
 from pytest_kvoffload.measure.prefill_speed import PrefillSpeed, lengths_within, measure_prefill
-from pytest_kvoffload.record.stats import cell_table
+from pytest_kvoffload.analysis.cell_stats import cell_table
 
 
 def make_run_id(model: str, when: float | None = None) -> str:

@@ -12,15 +12,9 @@ thing fails with the numbers instead of producing a quietly wrong figure.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
+from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.measure.prompts import expected_cached
-
-
-class State(str, Enum):
-    COLD = "cold"
-    ENGINE_HIT = "engine-hit"
-    TIER_HIT = "tier-hit"
 
 
 @dataclass(frozen=True)

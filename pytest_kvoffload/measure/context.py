@@ -50,5 +50,5 @@ class Servers:
     # Keep up to this many servers running at once (None: back to the session's own limit): the admission
     # suite needs its control and guarded servers up together without stopping the one a later test reuses.
     room: Callable[[int | None], None] = _no_room
-    # Whether a backend's server is up now (no start-up to wait for): measure/close_calls.py orders its work by it.
+    # Whether a backend's server is up now (no start-up to wait for): suite_machinery/ttft.py orders its work by it.
     running: Callable[[str], bool] = lambda name: False

@@ -9,7 +9,7 @@ longest alone. From them:
 
 - the default grid keeps only the lengths whose cold prefill is predicted within the budget
   (`Settings.max_prefill_s`; lengths the user gave with --kv-lengths are always kept);
-- the admission suite derives its slowed drive from the same kind of measurement (admission/slow_drive.py);
+- the admission suite derives its slowed drive from the same kind of measurement (suite_machinery/admission/derived_drive.py);
 - run.json records each backend's figures, so a reader sees whether engines were equal.
 """
 

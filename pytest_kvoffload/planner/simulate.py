@@ -61,7 +61,7 @@ class Profile:
     engine_bytes: float
     tiers: dict[str, Tier]
     source: str  # where the figures come from, for the report
-    # What an engine hit costs beyond computing its suffix (record/analysis.py's hit_base_s); None: the fit's
+    # What an engine hit costs beyond computing its suffix (analysis/fits.py's hit_base_s); None: the fit's
     # base `a`, as for a cold prompt. A tier's fixed cost already holds it.
     hit_base_s: float | None = None
 
@@ -275,7 +275,7 @@ def simulate(requests: list[TraceRequest], fmt: str, scaling: Scaling, profile: 
              admission: bool = True, curve_points: int = 0, warm: bool = False) -> dict:
     """Every configuration (and, with curve_points, each tier alone at that many sizes) in one pass.
     `warm`: after a warming pass of the same requests that left them in the tiers and not in the engine
-    (the trace replay's, traces/replay.py:warm_pass)."""
+    (the trace replay's, suite_machinery/trace_replay.py:warm_pass)."""
     sizes = Sizes(capacity_in_blocks(profile.engine_bytes, profile, block_size),
                   {name: capacity_in_blocks(t.capacity_bytes, profile, block_size) for name, t in profile.tiers.items()})
     if sizes.engine < 1:

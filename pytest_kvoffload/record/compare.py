@@ -2,7 +2,7 @@
 
 The gate decides per backend and state (a backend's TTFT in one state across the grid) and per cell, each a
 ratio new / base of median TTFT with an interval on the noise both runs measured, pooled over cells
-(verdicts/pooled_noise.py says why and what it assumes; noise_group says which cells share it). Each comes
+(analysis/pooled_noise.py says why and what it assumes; noise_group says which cells share it). Each comes
 out met (the interval within --fail-above), missed (past the limit, and slower than half of it at 95%:
 shown) or undecided. A cell whose interval straddles the
 limit while its estimate is within it is left to its group, which pools the grid's cells and is narrower;
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from pytest_kvoffload.core.tolerances import CONFIDENCE, GATE_P90_ROUNDS
-from pytest_kvoffload.verdicts.intervals import quantile_interval
-from pytest_kvoffload.verdicts.outcome import MISSED, UNDECIDED, Verdict, at_most
-from pytest_kvoffload.verdicts.pooled_noise import Noise, cell_change, group_change
+from pytest_kvoffload.analysis.intervals import quantile_interval
+from pytest_kvoffload.analysis.outcome import MISSED, UNDECIDED, Verdict, at_most
+from pytest_kvoffload.analysis.pooled_noise import Noise, cell_change, group_change
 
 KEY = ("backend", "length", "fraction", "state")
 UNDECIDED_EXIT = 3

@@ -14,7 +14,7 @@ from pytest_kvoffload.record import page_plots
 from pytest_kvoffload.record.compare import Comparison
 from pytest_kvoffload.record.report import side_by_side_rows
 from pytest_kvoffload.record.verdict_block import verdict_lines
-from pytest_kvoffload.verdicts.outcome import MET, MISSED, UNDECIDED
+from pytest_kvoffload.analysis.outcome import MET, MISSED, UNDECIDED
 
 PAGE = "report.html"
 

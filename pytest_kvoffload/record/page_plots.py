@@ -8,7 +8,7 @@ import base64
 import io
 from collections import defaultdict
 
-from pytest_kvoffload.measure.cells import State
+from pytest_kvoffload.core.cell_state import State
 
 STATES = [(State.COLD.value, "cold (recompute)", "o-"), (State.ENGINE_HIT.value, "engine-cache hit", "s--"),
           (State.TIER_HIT.value, "tier hit", "^-")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from pytest_kvoffload.measure.cells import State
+from pytest_kvoffload.core.cell_state import State
 
 STATE_STYLE = {State.COLD.value: ("o-", "cold (recompute)"), State.ENGINE_HIT.value: ("s--", "engine-cache hit"),
                State.TIER_HIT.value: ("^:", "tier hit")}

@@ -9,10 +9,10 @@ from tabulate import tabulate
 
 from pytest_kvoffload.record.disk_speed_summary import DISK_SPEED, disk_speed_text
 
-from pytest_kvoffload.measure.cells import State
-from pytest_kvoffload.record.stats import quantile
-from pytest_kvoffload.record.stats import excluded
-from pytest_kvoffload.core.tier_target import (TARGET_RATIO, allowance_s, bound_s, enough_tokens, of_bound_text,
+from pytest_kvoffload.core.cell_state import State
+from pytest_kvoffload.analysis.cell_stats import quantile
+from pytest_kvoffload.analysis.cell_stats import excluded
+from pytest_kvoffload.analysis.tier_target import (TARGET_RATIO, allowance_s, bound_s, enough_tokens, of_bound_text,
                                                tier_tokens)
 
 
@@ -114,7 +114,7 @@ TRANSFERS = (("kvoffload:load_duration_seconds", "load time", 1e3, "ms"),
 
 
 OURS = "kvoffload-disk"
-# Where the interleaved rounds that settle the table's close calls keep their figures (measure/close_calls.py).
+# Where the interleaved rounds that settle the table's close calls keep their figures (suite_machinery/ttft.py).
 CLOSE_CALLS = "side by side, close calls"
 
 

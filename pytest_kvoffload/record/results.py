@@ -3,12 +3,12 @@ and, beside each measured tier, the first-order figures at the prefill speed thi
 
 from __future__ import annotations
 
-from pytest_kvoffload.record.analysis import analyse
-from pytest_kvoffload.measure.cells import State
+from pytest_kvoffload.analysis.fits import analyse
+from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.core.first_order import first_order_at_measured_speed
 from pytest_kvoffload.core.models import DTYPE_BYTES
 from pytest_kvoffload.core.settings import Settings
-from pytest_kvoffload.record.stats import cell_table
+from pytest_kvoffload.analysis.cell_stats import cell_table
 
 
 def compute_results(measurements: list[dict], tiers: dict[str, str], settings: Settings) -> tuple[list[dict], dict]:

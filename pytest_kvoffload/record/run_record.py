@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, TypedDict
 
-from pytest_kvoffload.core.files import atomic_write_json
+from pytest_kvoffload.core.whole_files import atomic_write_json
 
 SCHEMA = "pytest-kvoffload/run"
 # 2: analysis.<backend>.tier.first_order (was .seed in 1, which read_run still reads).

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from pytest_kvoffload.record.disk_speed_summary import DISK_SPEED
 from pytest_kvoffload.record.report import CLOSE_CALLS, side_by_side_rows
-from pytest_kvoffload.verdicts.outcome import MET, MISSED, UNDECIDED
+from pytest_kvoffload.analysis.outcome import MET, MISSED, UNDECIDED
 
 FIGURE = "figure"  # a line that reports a figure nothing is judged against
 
@@ -157,7 +157,7 @@ def replay_lines(run: dict) -> list[VerdictLine]:
     for name, verdict in sorted((data.get("offload") or {}).items()):
         outcome = (FIGURE if verdict.startswith("offload played no part") else
                    UNDECIDED if verdict.startswith("undecided") or "too few" in verdict else
-                   MISSED if ": cost you" in verdict else MET)  # a caveat may follow (traces/replay.py)
+                   MISSED if ": cost you" in verdict else MET)  # a caveat may follow (suite_machinery/trace_replay.py)
         lines.append(VerdictLine(outcome, f"replay {name} against gpu-only", verdict, "trace replay"))
     return lines
 

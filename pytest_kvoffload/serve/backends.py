@@ -328,7 +328,7 @@ def with_connector_options(backend: Backend, suffix: str, server_args: tuple[str
     return dataclasses.replace(backend, name=f"{backend.name}[{suffix}]", configure=configure, user_facing=user_facing)
 
 
-# B's suffix when --kv-ab compares a backend with itself (measure/ab.py).
+# B's suffix when --kv-ab compares a backend with itself (suite_machinery/ab.py).
 SELF_SUFFIX = "~b"
 
 

@@ -204,7 +204,7 @@ class ServerPool:
         self._servers: dict[str, VllmServer] = {}
         self._failed: dict[str, str] = {}
         # Servers stopped only when nothing else can make room: the one every other backend is compared
-        # with, so that the comparison runs while the other's server is still up (measure/close_calls.py).
+        # with, so that the comparison runs while the other's server is still up (suite_machinery/ttft.py).
         self.keep: frozenset[str] = frozenset()
 
     def get(self, key: str, factory: Callable[[], VllmServer], timeout: float,

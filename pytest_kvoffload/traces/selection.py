@@ -5,8 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_kvoffload.traces.prefix_trees import block_keys, leading, reuse_share, slice_by_tree, slice_gap
-from pytest_kvoffload.traces.replay import ReplayItem
 from pytest_kvoffload.traces.read import Scaling, Trace, TraceRequest, build_prompt, select
+
+
+@dataclass(frozen=True)
+class ReplayItem:
+    """One request of the replay: its trace line, arrival and token-id prompt."""
+
+    line: int
+    arrival_s: float
+    tokens: list[int]
+    max_tokens: int
 
 
 @dataclass
@@ -37,7 +46,7 @@ class ReplayPlan:
         """Per request, in order, the tokens of its prompt that an earlier request of the replay already
         had, in whole cache blocks: the part a cache could serve, which is what a break-even prefix is
         compared with (not the prompt's length). `after_warm`: after a warming pass of the same slice
-        (traces/replay.py:warm_pass), which has seen every block."""
+        (suite_machinery/trace_replay.py:warm_pass), which has seen every block."""
         keyed = [block_keys(request, self.trace.format, self.scaling, block_size)[1] for request in self.requests()]
         seen: set[int] = {key for keys in keyed for key in keys} if after_warm else set()
         shared = []

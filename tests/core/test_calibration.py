@@ -5,7 +5,7 @@ import pytest
 
 from pytest_kvoffload.core.calibration import (CalibrationError, build_calibration, check_fingerprint, read_calibration,
                                           tier_entry, write_calibration)
-from pytest_kvoffload.connector.admission import Admission
+from pytest_kvoffload.connector.admission_rule import Admission
 from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.core.models import load_model
 from pytest_kvoffload.core.settings import Settings
@@ -256,7 +256,7 @@ def test_the_enforced_break_even_is_where_the_static_rule_starts_to_admit_at_any
 
 
 def test_the_calibration_file_carries_the_enforced_prefix_beside_the_paying_one():
-    from pytest_kvoffload.record.analysis import analyse
+    from pytest_kvoffload.analysis.fits import analyse
 
     rc = {"a": 0.01, "b": 1e-4, "c": 2e-8}
 

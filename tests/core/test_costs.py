@@ -2,7 +2,7 @@
 
 import pytest
 
-from pytest_kvoffload.connector.admission import Admission
+from pytest_kvoffload.connector.admission_rule import Admission
 from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.core.costs import RecomputeFit, load_and_recompute
 

@@ -102,7 +102,7 @@ def test_the_connectors_save_path_alone_in_bursts_is_timed_by_its_own_counters_a
 
 
 def test_the_drive_beside_the_rounds_sums_bytes_over_busy_time_and_leaves_nothing(tmp_path):
-    from pytest_kvoffload.drive.beside import DriveBeside, chunks_of
+    from pytest_kvoffload.drive.round_reference import DriveBeside, chunks_of
     from pytest_kvoffload.drive.probe import BurstResult
     from pytest_kvoffload.drive.rate import Rate
 
@@ -135,7 +135,7 @@ def test_the_drive_beside_the_rounds_sums_bytes_over_busy_time_and_leaves_nothin
 
 
 def test_the_codes_share_is_the_median_of_paired_passes_not_a_ratio_of_medians():
-    from pytest_kvoffload.drive.beside import paired_median, passes
+    from pytest_kvoffload.drive.round_reference import paired_median, passes
     from pytest_kvoffload.drive.probe import BurstResult
     from pytest_kvoffload.drive.rate import Rate
 
@@ -156,7 +156,7 @@ def test_the_codes_share_is_the_median_of_paired_passes_not_a_ratio_of_medians()
 
 
 def test_each_round_is_paired_with_the_drive_right_after_it_with_its_own_mix_of_writes():
-    from pytest_kvoffload.drive.beside import DriveBeside, CountersMoved
+    from pytest_kvoffload.drive.round_reference import DriveBeside, CountersMoved
     from pytest_kvoffload.drive.probe import BurstResult
     from pytest_kvoffload.drive.rate import Rate
 
@@ -248,7 +248,7 @@ def test_the_drive_reads_a_rounds_own_loads_and_counts_every_request_of_them(tmp
 
 
 def test_a_rounds_loads_are_the_files_its_hits_read_from_the_drive(tmp_path):
-    from pytest_kvoffload.drive.beside import DriveBeside, files_spanned, round_loads
+    from pytest_kvoffload.drive.round_reference import DriveBeside, files_spanned, round_loads
 
     # 512 tokens, blocks of 128, files of 256: the engine hit's last block is in the second file, the tier
     # hit reads both.
@@ -267,7 +267,7 @@ def test_a_rounds_loads_are_the_files_its_hits_read_from_the_drive(tmp_path):
     assert "in the round's own loads (1 then 2 chunks" in beside.describe()
     assert beside.after_round(2, 0.0).read_loads == () and beside.rounds[-1].read_burst == 2
     # Written as the connector wrote the round: a prefill of two steps saved its chunks in two batches.
-    from pytest_kvoffload.drive.beside import CountersMoved
+    from pytest_kvoffload.drive.round_reference import CountersMoved
     assert beside.after_round(4, 0.0, CountersMoved(save_batches=2.0)).burst == 2
     assert beside.after_round(5, 0.0, CountersMoved(save_batches=2.0)).burst == 3
     assert beside.after_round(4, 0.0, CountersMoved()).burst == 4  # no saves counted: one burst
@@ -276,7 +276,7 @@ def test_a_rounds_loads_are_the_files_its_hits_read_from_the_drive(tmp_path):
 
 
 def test_the_targets_ratios_print_three_places_so_a_near_miss_does_not_read_as_the_target():
-    from pytest_kvoffload.drive.beside import DriveBeside, pattern_lines
+    from pytest_kvoffload.drive.round_reference import DriveBeside, pattern_lines
     from pytest_kvoffload.drive.probe import BurstResult
     from pytest_kvoffload.drive.rate import Rate
 

@@ -1,4 +1,5 @@
-from pytest_kvoffload.measure.cells import Cell, Expectation, State, expectation, grid
+from pytest_kvoffload.measure.cells import Cell, Expectation, expectation, grid
+from pytest_kvoffload.core.cell_state import State
 
 
 def test_grid_has_cold_once_per_length():

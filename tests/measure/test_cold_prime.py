@@ -8,7 +8,8 @@ import pytest
 from pytest_kvoffload.core.models import load_model
 from pytest_kvoffload.core.settings import Settings
 from pytest_kvoffload.measure import runner as runner_module
-from pytest_kvoffload.measure.cells import Cell, State
+from pytest_kvoffload.measure.cells import Cell
+from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.measure.context import Recorder
 from pytest_kvoffload.measure.runner import OUTPUT_TOKENS, CellRunner
 from pytest_kvoffload.serve.builtin_backends import default_registry

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from pytest_kvoffload.serve.backends import with_connector_options
-from pytest_kvoffload.measure.cells import Cell, State
+from pytest_kvoffload.measure.cells import Cell
+from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.serve.client import measure
 from pytest_kvoffload.measure.runner import OUTPUT_TOKENS, CellRunner
 from pytest_kvoffload.core.models import load_model

@@ -5,7 +5,7 @@ import pytest
 
 from pytest_kvoffload.cli import main
 from pytest_kvoffload.record.run_record import RunWriter
-from pytest_kvoffload.record.stats import cell_table
+from pytest_kvoffload.analysis.cell_stats import cell_table
 
 
 def write_run(path, ttfts_by_cell, model="tiny-llama", seed=0):

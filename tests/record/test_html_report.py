@@ -13,7 +13,7 @@ import pytest
 
 from pytest_kvoffload.cli import main
 from pytest_kvoffload.record.html_report import render_run_page
-from pytest_kvoffload.record.stats import cell_table
+from pytest_kvoffload.analysis.cell_stats import cell_table
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 RUN_SECTIONS = ("verdicts", "ttft", "break-even", "admission", "side-by-side", "machine", "logs")

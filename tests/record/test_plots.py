@@ -1,8 +1,8 @@
 import pytest
 
-from pytest_kvoffload.record.analysis import analyse
+from pytest_kvoffload.analysis.fits import analyse
 from pytest_kvoffload.record.plots import plot_ttft_by_length, write_all
-from pytest_kvoffload.record.stats import cell_table
+from pytest_kvoffload.analysis.cell_stats import cell_table
 
 matplotlib = pytest.importorskip("matplotlib")
 

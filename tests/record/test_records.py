@@ -4,7 +4,7 @@ import pytest
 
 from pytest_kvoffload.record.run_record import RecordError, RunWriter, read_run, write_cells_csv
 from pytest_kvoffload.record.report import render
-from pytest_kvoffload.record.stats import cell_table, summarize
+from pytest_kvoffload.analysis.cell_stats import cell_table, summarize
 
 
 def measurement(state, ttft, fraction=0.0, sources=None, purpose="measure", length=1024):
@@ -101,7 +101,7 @@ def test_report_counts_admission_decisions(tmp_path):
 
 def test_unverified_requests_feed_no_cell_and_are_listed():
     from pytest_kvoffload.record.report import render
-    from pytest_kvoffload.record.stats import cell_table
+    from pytest_kvoffload.analysis.cell_stats import cell_table
 
     def m(ttft, verified, problem=None):
         return {"backend": "kvoffload-disk", "length": 1024, "fraction": 1.0, "state": "tier-hit", "round": 1,

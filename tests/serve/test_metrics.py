@@ -75,7 +75,7 @@ def test_histograms_are_summed_over_engines_and_empty_ones_dropped():
 
 
 def test_quantile_interpolates_inside_the_bucket_like_prometheus():
-    from pytest_kvoffload.record.stats import quantile
+    from pytest_kvoffload.analysis.cell_stats import quantile
     h = {"buckets": [[0.01, 4.0], [0.1, 8.0], [float("inf"), 10.0]], "count": 10.0, "sum": 1.21}
     assert quantile(h, 0.2) == 0.005  # rank 2 of 4 in [0, 0.01]
     assert abs(quantile(h, 0.6) - 0.055) < 1e-12  # rank 6: 2 of 4 into (0.01, 0.1]

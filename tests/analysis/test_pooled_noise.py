@@ -3,8 +3,8 @@ one backend's cells is missed."""
 
 import numpy as np
 
-from pytest_kvoffload.verdicts.outcome import MET, MISSED, at_most
-from pytest_kvoffload.verdicts.pooled_noise import Noise, cell_change, group_change
+from pytest_kvoffload.analysis.outcome import MET, MISSED, at_most
+from pytest_kvoffload.analysis.pooled_noise import Noise, cell_change, group_change
 
 
 def runs(rng, cells, rounds, sigma, factor=1.0):

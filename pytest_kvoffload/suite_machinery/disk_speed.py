@@ -22,7 +22,7 @@ are printed beside those of the store alone.
 The connector's own pattern is bursts: a step's chunks written at once, a load's chunks read at once (in a
 round, the file of a prompt's last block beside its engine hit, then the whole prompt's), then nothing. The
 drive alone in that pattern, measured right after each of the connector's rounds (raw requests, none of our
-code: drive/beside.py), is the reference the targets are held to: both figures cover
+code: drive/round_reference.py), is the reference the targets are held to: both figures cover
 the same minutes of a drive that moves by a fifth within minutes. After the rounds the gap splits in
 three: what the pattern costs on the drive (drive in bursts / continuous probe), what the connector's code
 costs (its save and load paths alone in the pattern, no engine: drive/worker_probe.py, pass by pass
@@ -46,7 +46,7 @@ from pytest_kvoffload.core.machine import has_cuda
 from pytest_kvoffload.core.models import DTYPE_BYTES
 from pytest_kvoffload.core.progress import Say, Tracker
 from pytest_kvoffload.core.settings import Settings
-from pytest_kvoffload.drive.beside import (PATTERN_PASSES, CountersMoved, DriveBeside, chunks_of, paired_median,
+from pytest_kvoffload.drive.round_reference import (PATTERN_PASSES, CountersMoved, DriveBeside, chunks_of, paired_median,
                                            passes, pattern_lines, round_loads)
 from pytest_kvoffload.drive.cpu_use import describe, narrowest_affinity, sample, thread_times, usage
 from pytest_kvoffload.drive.engine_load import EngineLoad
@@ -150,7 +150,7 @@ class DiskSpeed:
                 disk = measure(kv_server, tokens)
                 kv_server.reset_prefix_cache(external=False)
                 # The round's own counters (a fraction of a second: the drive rests through it anyway), then the
-                # drive alone in the round's pattern (drive/beside.py): the targets' reference. Its reads are the
+                # drive alone in the round's pattern (drive/round_reference.py): the targets' reference. Its reads are the
                 # round's loads as the hits report them: the files beside the engine hit, then the tier hit's.
                 now = settled_totals(kv_server, quiet_s=ROUND_QUIET_S, deadline_s=ROUND_SETTLE_S)
                 self.drive_beside.after_round(chunks_of(length, kv_settings.block_size, self.chunk_tokens),
@@ -207,7 +207,7 @@ class DiskSpeed:
         # The connector's own pattern, no engine: a step's chunks written at once and a prompt's read at once,
         # then the drive idle until the next (as many chunks and as far apart as in the rounds, on average). First
         # the drive alone in it (raw requests, none of our code): against the continuous probe, what the pattern
-        # itself costs on this drive (the targets' reference is the drive beside the rounds, drive/beside.py), and
+        # itself costs on this drive (the targets' reference is the drive beside the rounds, drive/round_reference.py), and
         # the partner of the code-alone passes. Gaps are cut to MAX_GAP_S to
         # bound the suite's time: a shorter gap can only make the drive look better than the connector, never
         # worse (on the 2-core VM 50, 100 and 250 ms gaps gave the same, within noise).
@@ -218,7 +218,7 @@ class DiskSpeed:
             gap_s = max(0.0, (rounds_s - (end["save_wall_seconds"] - start["save_wall_seconds"])) / batches)
             burst = round(written / batches)
             # A load reads a prompt's chunks at once: one load per disk hit of the rounds, the engine hits' one-file
-            # loads folded into them (the rounds' own loads are the reference beside them, drive/beside.py).
+            # loads folded into them (the rounds' own loads are the reference beside them, drive/round_reference.py).
             read_burst = max(1, round((end["chunks_read"] - start["chunks_read"]) / (len(lengths) * kv_settings.rounds)))
             # Then the connector's own save and load paths in the same pattern (its options, its threads on the
             # worker's CPUs): against the drive in it, what its code costs; the rounds against it, the engine.

@@ -2,11 +2,12 @@
 
 import pytest
 
-from pytest_kvoffload.measure import ab
+from pytest_kvoffload.suite_machinery import ab
 from pytest_kvoffload.serve.backends import BackendConfigError
 from pytest_kvoffload.serve.builtin_backends import default_registry
 from pytest_kvoffload.harness.backend_options import register_ab
-from pytest_kvoffload.measure.cells import Cell, State
+from pytest_kvoffload.measure.cells import Cell
+from pytest_kvoffload.core.cell_state import State
 
 CELL = Cell(1024, 1.0, State.TIER_HIT)
 

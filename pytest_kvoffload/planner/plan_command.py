@@ -1,5 +1,5 @@
 """`kvoffload plan TRACE`: arguments checked first (a bad one is one line and nothing is written), then
-planner/simulate.py simulates and planner/report.py prints the tables and draws the capacity curve."""
+planner/simulate.py simulates and planner/plan_tables.py prints the tables and draws the capacity curve."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pytest_kvoffload.core.calibration import CalibrationError, read_calibration
 from pytest_kvoffload.core.models import ModelError, load_model
 from pytest_kvoffload.planner.simulate import PlanError, Profile, calibration_profile, first_order_profile, parse_engine, parse_tier, simulate, summarize
 from pytest_kvoffload.traces.prefix_trees import SLICE_DRAWS, reuse_share, slice_by_tree, slice_gap
-from pytest_kvoffload.planner.report import (break_even_table, config_table, curve_rows, curve_table, write_curve_png)
-from pytest_kvoffload.core.files import atomic_write_json
+from pytest_kvoffload.planner.plan_tables import (break_even_table, config_table, curve_rows, curve_table, write_curve_png)
+from pytest_kvoffload.core.whole_files import atomic_write_json
 from pytest_kvoffload.traces.read import FORMATS, Scaling, TraceError, read_trace, select
 
 H100_PEAK_TFLOPS = 989.0

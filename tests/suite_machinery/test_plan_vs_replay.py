@@ -1,10 +1,10 @@
-"""The planner-against-replay comparison (planner/check.py) and the ordering that runs it after the cells."""
+"""The planner-against-replay comparison (suite_machinery/plan_vs_replay.py) and the ordering that runs it after the cells."""
 
 from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload.planner import check as plan_check
+from pytest_kvoffload.suite_machinery import plan_vs_replay as plan_check
 from pytest_kvoffload.planner.simulate import Served
 from pytest_kvoffload.traces.selection import ReplayPlan
 from pytest_kvoffload.traces.read import Scaling, read_trace

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from tabulate import tabulate
 
-from pytest_kvoffload.measure.cells import Cell, State
+from pytest_kvoffload.measure.cells import Cell
+from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.measure.prompts import make_prompt
 from pytest_kvoffload.measure.runner import CellRunner, first_difference, recompute
-from pytest_kvoffload.measure.paired import CAP, FLOOR, interval
+from pytest_kvoffload.analysis.paired import CAP, FLOOR, interval
 from pytest_kvoffload.core.progress import Tracker
 from pytest_kvoffload.measure.context import Recorder, Servers
 from pytest_kvoffload.serve.backends import Backend, server_release

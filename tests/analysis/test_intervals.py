@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pytest_kvoffload.verdicts.intervals import (fewest_for_median_interval, median_bound, median_interval,
+from pytest_kvoffload.analysis.intervals import (fewest_for_median_interval, median_bound, median_interval,
                                                   quantile_interval, t_halfwidth, t_quantile)
 
 

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from pytest_kvoffload.traces.replay import replay
+from pytest_kvoffload.suite_machinery.trace_replay import replay
 from pytest_kvoffload.traces.selection import ReplayPlan
 from pytest_kvoffload.traces.read import Scaling, read_trace
 
@@ -43,7 +43,7 @@ def test_replay_reproduces_the_trace_prefix_sharing(kv_session, kv_server, tmp_p
 
 
 def test_ttft_counts_from_the_scheduled_arrival_and_lateness_is_kept():
-    from pytest_kvoffload.traces.replay import ReplayRecord
+    from pytest_kvoffload.suite_machinery.trace_replay import ReplayRecord
     on_time = ReplayRecord(1, scheduled_s=2.0, sent_s=2.0, prompt_tokens=10, cached_tokens=0, ttft_s=0.1)
     waited = ReplayRecord(2, scheduled_s=2.0, sent_s=2.5, prompt_tokens=10, cached_tokens=0, ttft_s=0.1)
     assert on_time.ttft_from_arrival_s == pytest.approx(0.1) and on_time.late_s == 0.0
@@ -64,7 +64,7 @@ def test_shared_prefix_is_what_an_earlier_request_had_in_whole_blocks(tmp_path):
 
 
 def test_paired_verdict_pairs_requests_over_the_repeats():
-    from pytest_kvoffload.traces.replay import paired_verdict
+    from pytest_kvoffload.suite_machinery.trace_replay import paired_verdict
     rng = np.random.default_rng(0)
     sizes = rng.uniform(0.05, 2.0, 12)  # requests differ 40-fold: only pairing keeps a 15% effect visible
 
@@ -81,14 +81,14 @@ def test_paired_verdict_pairs_requests_over_the_repeats():
 
 
 def test_paired_verdict_leaves_out_unanswered_requests():
-    from pytest_kvoffload.traces.replay import paired_verdict
+    from pytest_kvoffload.suite_machinery.trace_replay import paired_verdict
     result = paired_verdict([[1.0, None, 2.0]], [[0.5, 1.0, 1.0]])
     assert result["pairs"] == 2 and result["median_ratio"] == 0.5
     assert paired_verdict([], [[1.0]])["verdict"] == "undecided"
 
 
 def test_a_replay_whose_tier_loaded_nothing_prints_no_offload_ratio():
-    from pytest_kvoffload.traces.replay import offload_verdict
+    from pytest_kvoffload.suite_machinery.trace_replay import offload_verdict
 
     base = {"ttft_s_by_repeat": [[0.10, 0.20, 0.30]] * 3}
     faster = {"ttft_s_by_repeat": [[0.09, 0.18, 0.27]] * 3}
@@ -103,7 +103,7 @@ def test_a_replay_whose_tier_loaded_nothing_prints_no_offload_ratio():
 
 
 def test_a_request_served_by_the_tier_got_more_cached_tokens_than_on_gpu_only():
-    from pytest_kvoffload.traces.replay import offload_verdict, tier_served
+    from pytest_kvoffload.suite_machinery.trace_replay import offload_verdict, tier_served
 
     base = {"ttft_s_by_repeat": [[0.10, 0.20, 0.30]] * 2, "cached_by_repeat": [[0, 896, 0]] * 2}
     tier = {"ttft_s_by_repeat": [[0.05, 0.18, 0.20]] * 2, "cached_by_repeat": [[768, 896, 640], [768, 896, 0]],
@@ -120,7 +120,7 @@ def test_a_request_served_by_the_tier_got_more_cached_tokens_than_on_gpu_only():
 
 def test_bytes_loaded_are_read_from_whichever_counter_the_connector_keeps():
     from pytest_kvoffload.serve.lmcache import CHUNK_TOKENS, L2_LOADED_CHUNKS
-    from pytest_kvoffload.traces.replay import loaded_bytes
+    from pytest_kvoffload.suite_machinery.trace_replay import loaded_bytes
 
     assert loaded_bytes({"kvoffload:bytes_read_total": 4096.0}, 4096) == 4096.0
     assert loaded_bytes({'vllm:kv_offload_total_bytes_total{transfer_type="CPU_to_GPU"}': 8192.0,
@@ -133,7 +133,7 @@ def test_bytes_loaded_are_read_from_whichever_counter_the_connector_keeps():
 @pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
 def test_after_a_warming_pass_the_replay_is_served_by_the_tier_not_the_engine(kv_session, kv_backend, kv_server,
                                                                               tmp_path):
-    from pytest_kvoffload.traces.replay import warm_pass
+    from pytest_kvoffload.suite_machinery.trace_replay import warm_pass
 
     plan = ReplayPlan(read_trace(make_trace(tmp_path)), Scaling(tokens_per_block=256), "closed", 1, 1)
     vocab = kv_session.settings.model.vocab_size
@@ -151,7 +151,7 @@ def test_after_a_warming_pass_the_replay_is_served_by_the_tier_not_the_engine(kv
 
 
 def test_the_offload_verdict_is_decided_on_the_requests_the_tier_served():
-    from pytest_kvoffload.traces.replay import offload_verdict
+    from pytest_kvoffload.suite_machinery.trace_replay import offload_verdict
 
     rng = np.random.default_rng(1)
     sizes = rng.uniform(0.02, 0.3, 24)

@@ -20,18 +20,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pytest_kvoffload.admission import judge
-from pytest_kvoffload.admission.queue_probe import burst_table, measured_overlap, run_bursts
-from pytest_kvoffload.admission.slow_drive import (FRONTIER, SlowDrive, SlowDriveError, design_target,  # noqa: F401
+from pytest_kvoffload.suite_machinery.admission import judge
+from pytest_kvoffload.suite_machinery.admission.queue_probe import burst_table, measured_overlap, run_bursts
+from pytest_kvoffload.suite_machinery.admission.derived_drive import (FRONTIER, SlowDrive, SlowDriveError, design_target,  # noqa: F401
                                                    frontier_drive, frontier_prefixes, interpolated_break_even,
                                                    planted_break_even, ratio, seconds_per_token, step_tokens)
 from pytest_kvoffload.core.calibration import build_calibration, write_calibration
 from pytest_kvoffload.core.costs import RecomputeFit, TierFit
 from pytest_kvoffload.core.progress import Tracker
-from pytest_kvoffload.measure.cells import Cell, State
+from pytest_kvoffload.measure.cells import Cell
+from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.measure.context import Recorder, Servers
 from pytest_kvoffload.measure.runner import CellRunner
-from pytest_kvoffload.record.analysis import analyse
+from pytest_kvoffload.analysis.fits import analyse
 from pytest_kvoffload.serve.backends import Backend, with_connector_options
 from pytest_kvoffload.serve.server import settle
 

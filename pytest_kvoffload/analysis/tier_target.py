@@ -1,5 +1,5 @@
 """Our connector's target against another tier on one cell (issue 29), in one place for the report's
-side-by-side table and for the interleaved rounds that settle its close calls (measure/close_calls.py):
+side-by-side table and for the interleaved rounds that settle its close calls (suite_machinery/ttft.py):
 at most TARGET_RATIO times a disk tier's TTFT, and at most TARGET_RATIO times a DRAM tier's TTFT plus the
 time the drive takes to deliver the prefix (a drive cannot beat DRAM), with at least their cached tokens."""
 

@@ -43,14 +43,14 @@ from pytest_kvoffload.drive.rate import Rate
 WAYS = ("write", "overwrite", "read")
 
 # Passes of the drive alone and of the connector's code alone in the pattern after the rounds, interleaved (a
-# pair each; drive/disk_speed.py).
+# pair each; suite_machinery/disk_speed.py).
 PATTERN_PASSES = 3
 
 
 @dataclass(frozen=True)
 class CountersMoved:
     """What the connector's counters (their kvoffload:*_total deltas) moved between two readings: one round, or
-    the whole run (drive/disk_speed.py)."""
+    the whole run (suite_machinery/disk_speed.py)."""
     read_bytes: float = 0.0
     read_s: float = 0.0  # load_wall_seconds: each instant with a load in flight once
     write_bytes: float = 0.0
@@ -212,7 +212,7 @@ def pattern_lines(figures: dict, beside: DriveBeside, code_share: dict, drive_bu
     breakdown = ""
     if beside.rounds and delivered["read"]:
         # The targets' reference: the drive in the connector's own pattern right after each round (raw
-        # requests, drive/beside.py), summed over the rounds as the connector's counters are.
+        # requests, drive/round_reference.py), summed over the rounds as the connector's counters are.
         figures["drive_in_pattern_beside_rounds"] = beside.to_dict()
         ours = {"write": beside.write_reference(over_share), "read": beside.gbps("read")}
         ratios = []

@@ -16,8 +16,8 @@ import numpy as np
 
 from pytest_kvoffload.core.costs import (RecomputeFit, TierFit, admission_margin, break_even_bandwidth,
                                          break_even_prefix, frontier)
-from pytest_kvoffload.measure.cells import State
-from pytest_kvoffload.verdicts.intervals import t_quantile
+from pytest_kvoffload.core.cell_state import State
+from pytest_kvoffload.analysis.intervals import t_quantile
 
 
 def fit_recompute(lengths: list[float], seconds: list[float]) -> RecomputeFit:

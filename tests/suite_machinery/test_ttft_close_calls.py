@@ -1,8 +1,9 @@
 """The side-by-side's close calls: which cells the grid's rounds cannot decide, and how interleaved rounds
 judge them (no server: compare_cell is replaced by the rounds it would have measured)."""
 
-from pytest_kvoffload.measure import ab, close_calls
-from pytest_kvoffload.measure.close_calls import CloseCall
+from pytest_kvoffload.suite_machinery import ab
+from pytest_kvoffload.suite_machinery import ttft as close_calls
+from pytest_kvoffload.suite_machinery.ttft import CloseCall
 from pytest_kvoffload.record.report import CLOSE_CALLS, side_by_side_lines
 
 KV, DRIVE = 4096, 1.9  # bytes per token, GB/s

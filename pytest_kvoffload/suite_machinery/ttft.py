@@ -7,7 +7,7 @@ involved) were 3 to 5% slower than native-disk's in three of them. Eight rounds 
 servers read 0.96 (95% interval 0.88 to 1.01; docs/notes/2026-12-02-close-calls.md). So where the grid's rounds
 cannot tell whether ours meets its target, the two are measured again side by side in time: each round runs
 the cell on both servers, the order alternating, and the target is judged per round, against a bound drawn
-from that round's other tier (core/tier_target.py). A cell is a close call where the range of ours' rounds
+from that round's other tier (analysis/tier_target.py). A cell is a close call where the range of ours' rounds
 overlaps the range of the bounds drawn from theirs, or where ours' p50 sits nearer its bound than the two
 servers' engine hits at that cell differ: those involve no tier, so their difference is what measuring the two
 minutes apart moved. b31: ours' 4,096 x 0.5 tier hit sat 3.7% above native-disk's bound, clear of its rounds'
@@ -21,9 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pytest_kvoffload.core.tier_target import allowance_s, bound_s, of_bound_text
-from pytest_kvoffload.measure import ab
-from pytest_kvoffload.measure.cells import Cell, State
+from pytest_kvoffload.analysis.tier_target import allowance_s, bound_s, of_bound_text
+from pytest_kvoffload.suite_machinery import ab
+from pytest_kvoffload.measure.cells import Cell
+from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.measure.context import Recorder, Servers
 
 # Interleaved rounds per close call: each costs one tier hit on both servers (about 4 s at 4,096 tokens on
@@ -46,7 +47,7 @@ class CloseCall:
     other: str
     length: int
     fraction: float
-    allowance_s: float  # added to the other tier's TTFT before the ratio (core/tier_target.py)
+    allowance_s: float  # added to the other tier's TTFT before the ratio (analysis/tier_target.py)
     margin: float  # how far the grid's p50 sits from its bound, as a share of the bound
 
     @property

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pytest_kvoffload.record.analysis import queue_overlap
+from pytest_kvoffload.analysis.fits import queue_overlap
 
 from pytest_kvoffload.core.costs import RecomputeFit, load_and_recompute
-from pytest_kvoffload.measure.cells import State
+from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.serve.client import Endpoint, RequestResult, settled_snapshot, stream_completion
 from pytest_kvoffload.measure.runner import place_in_tier_only
 from pytest_kvoffload.core.progress import Tracker

@@ -55,7 +55,7 @@ def replay_one_at_a_time(endpoint: Endpoint, plan: ReplayPlan, vocab_size: int, 
                          tracker: Tracker | None = None, warm_for: Backend | None = None) -> list[Measured]:
     """The slice in trace order, each request alone (closed loop, concurrency 1), from empty caches; with
     `warm_for`, after a warming pass of it left in that backend's tiers and not in its engine (as the
-    trace replay's, traces/replay.py:warm_pass; plan_slice(warm=True) plans the same)."""
+    trace replay's, suite_machinery/trace_replay.py:warm_pass; plan_slice(warm=True) plans the same)."""
     endpoint.reset_prefix_cache(external=True)
     items = plan.items(vocab_size, salt)
     if warm_for is not None:
@@ -71,7 +71,7 @@ def replay_one_at_a_time(endpoint: Endpoint, plan: ReplayPlan, vocab_size: int, 
 
 def profile_of_run(recompute: dict, tier: dict | None, tier_name: str | None, kv_bytes_per_token: int,
                    engine_tokens: int, tier_capacity_bytes: float, hit_base_s: float | None = None) -> Profile:
-    """A planner profile from one backend's analysis entry (record/analysis.py): its recompute fit, what an engine
+    """A planner profile from one backend's analysis entry (analysis/fits.py): its recompute fit, what an engine
     hit costs beyond its suffix, and, with a tier, that tier's bandwidth and fixed cost at the tier's
     configured capacity."""
     tiers = {}

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from pytest_kvoffload.record.analysis import analyse, fit_recompute, fit_tier, fit_tier_paired
+from pytest_kvoffload.analysis.fits import analyse, fit_recompute, fit_tier, fit_tier_paired
 
 from pytest_kvoffload.core.costs import RecomputeFit, TierFit, break_even_bandwidth, break_even_prefix, frontier
 B = 4096
@@ -123,7 +123,7 @@ def test_report_puts_the_seed_model_beside_the_measured_break_even():
 
 @pytest.mark.parametrize("planted", [0.0, 0.5, 1.0])
 def test_queue_overlap_recovers_a_planted_overlap(planted):
-    from pytest_kvoffload.record.analysis import queue_overlap
+    from pytest_kvoffload.analysis.fits import queue_overlap
     from pytest_kvoffload.core.costs import load_and_recompute
     # An intercept and a quadratic term: the cost of the first p tokens differs from that of the last p.
     recompute = RecomputeFit(0.04, 1e-4, 3e-8)
@@ -143,7 +143,7 @@ def test_queue_overlap_recovers_a_planted_overlap(planted):
 
 
 def test_queue_overlap_clamps_and_needs_samples():
-    from pytest_kvoffload.record.analysis import queue_overlap
+    from pytest_kvoffload.analysis.fits import queue_overlap
 
     assert queue_overlap([(2048, 1792, 3.0, 1.0)], lambda n: (0.3, 0.2), 0.5) == 0.0
     assert queue_overlap([], lambda n: (0.3, 0.2), 0.5) is None
@@ -154,7 +154,7 @@ def test_break_even_prefix_and_the_admission_rule_agree_on_random_calibrations()
     the analysis says pay, so the break-even in calibration.json is the one the connector enforces."""
     import numpy as np
 
-    from pytest_kvoffload.connector.admission import Admission
+    from pytest_kvoffload.connector.admission_rule import Admission
     from pytest_kvoffload.connector.counters import Counters
 
     rng = np.random.default_rng(7)

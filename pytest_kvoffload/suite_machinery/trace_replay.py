@@ -23,9 +23,10 @@ from pytest_kvoffload.serve.backends import Backend
 from pytest_kvoffload.serve.client import Endpoint, RequestError, stream_completion
 from pytest_kvoffload.serve.lmcache import CHUNK_TOKENS, L2_LOADED_CHUNKS
 from pytest_kvoffload.serve.metrics import OFFLOAD_LOADED_BYTES
-from pytest_kvoffload.measure.paired import FLOOR, interval
+from pytest_kvoffload.analysis.paired import FLOOR, interval
 from pytest_kvoffload.measure.runner import leave_in_tier_only
 from pytest_kvoffload.core.progress import Tracker
+from pytest_kvoffload.traces.selection import ReplayItem
 
 
 @dataclass
@@ -48,14 +49,6 @@ class ReplayRecord:
         """What a user waits: TTFT counted from the scheduled arrival, so waiting for a free client
         (--kv-trace-concurrency) counts too (no coordinated omission)."""
         return None if self.ttft_s is None else self.late_s + self.ttft_s
-
-
-@dataclass(frozen=True)
-class ReplayItem:
-    line: int
-    arrival_s: float
-    tokens: list[int]
-    max_tokens: int
 
 
 def replay(endpoint: Endpoint, items: list[ReplayItem], mode: str = "open", concurrency: int = 4,

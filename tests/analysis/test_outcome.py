@@ -2,7 +2,7 @@
 
 import pytest
 
-from pytest_kvoffload.verdicts.outcome import MET, MISSED, UNDECIDED, at_most, detects_from, worst
+from pytest_kvoffload.analysis.outcome import MET, MISSED, UNDECIDED, at_most, detects_from, worst
 
 
 @pytest.mark.parametrize("estimate, low, high, outcome", [

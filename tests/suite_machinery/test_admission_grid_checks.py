@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_kvoffload.admission import judge
-from pytest_kvoffload.admission.check import MORE_PROBE_ROUNDS, measured_or_refused
-from pytest_kvoffload.admission.slow_drive import (FRONTIER, SlowDriveError, frontier_drive, frontier_prefixes,
+from pytest_kvoffload.suite_machinery.admission import judge
+from pytest_kvoffload.suite_machinery.admission.grid_checks import MORE_PROBE_ROUNDS, measured_or_refused
+from pytest_kvoffload.suite_machinery.admission.derived_drive import (FRONTIER, SlowDriveError, frontier_drive, frontier_prefixes,
                                                    interpolated_break_even, planted_break_even, ratio, step_tokens)
-from pytest_kvoffload.connector.admission import Admission, FixedAdmission
+from pytest_kvoffload.connector.admission_rule import Admission, FixedAdmission
 from pytest_kvoffload.connector.config import admission_mode
 from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.core.costs import RecomputeFit, TierFit, break_even_prefix
-from pytest_kvoffload.measure.paired import median_bound, verdict, within_cap
-from pytest_kvoffload.record.analysis import fit_recompute
+from pytest_kvoffload.analysis.paired import median_bound, verdict, within_cap
+from pytest_kvoffload.analysis.fits import fit_recompute
 
 KV = 4096
 RECOMPUTE = RecomputeFit(0.02, 1.8e-4, 0.0)  # this VM in bf16: nearly linear
@@ -168,7 +168,7 @@ def test_p_star_interpolated_from_the_control_ratios():
 
 
 def test_a_margin_as_wide_as_a_1_5x_error_is_called_too_noisy():
-    from pytest_kvoffload.admission.check import too_noisy
+    from pytest_kvoffload.suite_machinery.admission.grid_checks import too_noisy
 
     t = tier()
     fit = TierFit(t["bandwidth_gbps"] * 1e9, t["fixed_s"], 0)
@@ -265,7 +265,7 @@ def test_recorded_rounds_of_each_rule_are_judged_as_the_suite_judged_them(path):
 
 
 def test_the_queue_overlap_is_measured_when_the_bandwidth_is_unresolved():
-    from pytest_kvoffload.admission.queue_probe import measured_overlap
+    from pytest_kvoffload.suite_machinery.admission.queue_probe import measured_overlap
 
     # Loads of 0.1 s fixed cost behind 2,000 tokens of prefill ahead, each hit 60% of the way through the
     # queue faster than the fluid model's no-overlap case: e = 0.6 with the bandwidth known or not.

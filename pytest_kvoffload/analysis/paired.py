@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from pytest_kvoffload.core.tolerances import CONFIDENCE, PAIRED_CAP as CAP, PAIRED_FLOOR as FLOOR
-from pytest_kvoffload.verdicts.intervals import median_bound, median_interval
-from pytest_kvoffload.verdicts.outcome import Verdict, at_most
+from pytest_kvoffload.analysis.intervals import median_bound, median_interval
+from pytest_kvoffload.analysis.outcome import Verdict, at_most
 
 __all__ = ["CAP", "CONFIDENCE", "FLOOR", "interval", "median_bound", "paired_verdict", "verdict", "within_cap"]
 
@@ -44,7 +44,7 @@ def interval(ratios: list[float]) -> tuple[float | None, float | None]:
 
 
 def paired_verdict(what: str, ratios: list[float], limit: float = CAP) -> Verdict:
-    """Met, missed or undecided for a paired median ratio that must be at most `limit` (verdicts/outcome.py)."""
+    """Met, missed or undecided for a paired median ratio that must be at most `limit` (analysis/outcome.py)."""
     low, high = interval(ratios)
     return at_most(what, float(np.median(ratios)), low, high, limit, rounds=len(ratios),
                    how="paired median, distribution-free")

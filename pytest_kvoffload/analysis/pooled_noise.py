@@ -29,7 +29,7 @@ import numpy as np
 from scipy import stats
 from scipy.optimize import nnls
 
-from pytest_kvoffload.verdicts.intervals import t_halfwidth
+from pytest_kvoffload.analysis.intervals import t_halfwidth
 
 # Degrees of freedom the fit of (A, B) spends; the level at which a cell's variance is a stall's.
 FIT_PARAMETERS = 2
