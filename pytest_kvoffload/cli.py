@@ -74,12 +74,21 @@ def _probe(args) -> int:
     return 0
 
 
+def _read_run(path: str) -> dict:
+    """A recorded run, each backend with its role (a run recorded before roles gets the built-in backends')."""
+    from pytest_kvoffload.record.roles import with_roles
+    from pytest_kvoffload.record.run_record import read_run
+    from pytest_kvoffload.serve.builtin import builtin_backends
+
+    return with_roles(read_run(path), {b.name: b.role for b in builtin_backends()})
+
+
 def _report(args) -> int:
-    from pytest_kvoffload.record.run_record import RecordError, read_run
+    from pytest_kvoffload.record.run_record import RecordError
     from pytest_kvoffload.record.summary_text import summary_text
 
     try:
-        run = read_run(args.run)
+        run = _read_run(args.run)
     except RecordError as exc:
         print(f"kvoffload report: {exc}", file=sys.stderr)
         return 2
@@ -89,8 +98,8 @@ def _report(args) -> int:
 
 def _compare_pair(label: str, base: dict, new: dict, limits: dict, allow_missing: bool) -> tuple[list[str], int, object]:
     """Print one comparison's verdicts; return what fails the gate, one line each, how many are undecided, and
-    the comparison (record/compare.Comparison)."""
-    from pytest_kvoffload.record.compare import compare, missing_backends
+    the comparison (analysis/run_gate.Comparison)."""
+    from pytest_kvoffload.analysis.run_gate import compare, missing_backends
     from pytest_kvoffload.core.tolerances import GATE_P90_ROUNDS
 
     result = compare(base, new, limits["p50"], limits["p90"])
@@ -131,15 +140,15 @@ def _compare_pair(label: str, base: dict, new: dict, limits: dict, allow_missing
 
 
 def _compare(args) -> int:
-    from pytest_kvoffload.record.compare import UNDECIDED_EXIT, CompareError, check_comparable, parse_percent
-    from pytest_kvoffload.record.run_record import RecordError, read_run
+    from pytest_kvoffload.analysis.run_gate import UNDECIDED_EXIT, CompareError, check_comparable, parse_percent
+    from pytest_kvoffload.record.run_record import RecordError
 
     try:
         limits = {"p50": parse_percent(args.fail_above),
                   "p90": parse_percent(args.fail_above_p90, "--fail-above-p90")}
-        base, new = read_run(args.base), read_run(args.new)
+        base, new = _read_run(args.base), _read_run(args.new)
         check_comparable(base, new, args.force)
-        pinned = read_run(args.baseline) if args.baseline else None
+        pinned = _read_run(args.baseline) if args.baseline else None
         if pinned is not None:
             check_comparable(pinned, new, args.force)
     except (RecordError, CompareError) as exc:

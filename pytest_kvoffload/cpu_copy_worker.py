@@ -8,7 +8,7 @@ same block-to-chunk mapping, done with plain array copies on one thread, in subm
 the CUDA worker's one-stream-after-another order. Only the copy differs from a GPU run.
 
 vLLM loads these specs by name through `kv_connector_extra_config` (`spec_name` +
-`spec_module_path`, `vllm/v1/kv_offload/factory.py`); `serve/backends.py` picks them on a CPU platform.
+`spec_module_path`, `vllm/v1/kv_offload/factory.py`); `serve/builtin/vllm_offloading.py` picks them on a CPU platform.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import pytest
 
 from pytest_kvoffload.suite_machinery.disk_speed import DiskSpeed
 from pytest_kvoffload.record.disk_speed_summary import DISK_SPEED
-from pytest_kvoffload.serve.builtin_backends import kvoffload_chunk_tokens, kvoffload_store_dir
+from pytest_kvoffload.serve.builtin.kvoffload_disk import kvoffload_chunk_tokens, kvoffload_store_dir
 
 pytestmark = pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session")
 

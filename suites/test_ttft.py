@@ -12,7 +12,7 @@ import pytest
 
 from pytest_kvoffload.analysis.tier_target import TARGET_TIERS
 from pytest_kvoffload.suite_machinery import ttft as close_calls
-from pytest_kvoffload.record.report import CLOSE_CALLS, OURS
+from pytest_kvoffload.record.report import CLOSE_CALLS
 
 
 def test_ttft(kv_cell, kv_measure):
@@ -20,15 +20,16 @@ def test_ttft(kv_cell, kv_measure):
     assert len(outcome.results) >= 1
 
 
-def targeted(kv_session) -> list[str]:
+def targeted(kv_session, ours: str) -> list[str]:
     """The run's user-facing tier backends other than ours that a target applies to, in the run's order."""
-    backends = [kv_session.registry.get(n) for n in kv_session.settings.backends if n != OURS]
+    backends = [kv_session.registry.get(n) for n in kv_session.settings.backends if n != ours]
     return [b.name for b in backends if not b.unavailable_reason() and b.user_facing and b.tier in TARGET_TIERS]
 
 
 @pytest.mark.kv_after_cells
 def test_side_by_side_close_calls(kv_session, kv_backend):
-    others = targeted(kv_session)
+    OURS = kv_session.registry.ours()
+    others = targeted(kv_session, OURS)
     if kv_backend.name not in others:
         pytest.skip(f"close calls compare {OURS} with another disk or DRAM tier backend")
     if OURS not in kv_session.settings.backends or not kv_session.cells(OURS):

@@ -37,7 +37,7 @@ def store_twin(kv_session, kv_backend):
     one start-up serves both (make test's budget, docs/servers.md)."""
     import dataclasses
 
-    from pytest_kvoffload.serve.backends import twin_name
+    from pytest_kvoffload.serve.backend import twin_name
     name = twin_name(kv_backend.name)
     if name not in kv_session.registry:
         first = kv_session.context(kv_backend)

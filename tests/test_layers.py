@@ -43,6 +43,9 @@ def test_the_layer_contract_holds(copy):
     ("record/report.py", "from pytest_kvoffload.serve import client  # noqa\n"),
     # The bottom layer reaching up.
     ("core/costs.py", "import pytest_kvoffload.measure.cells  # noqa\n"),
+    # The analysis layer reaching the measuring code above it, and the test-only connector the serving side.
+    ("analysis/fits.py", "from pytest_kvoffload.measure import cells  # noqa\n"),
+    ("rigged/knobs.py", "from pytest_kvoffload.serve import backend  # noqa\n"),
 ])
 def test_a_planted_upward_import_breaks_the_contract(copy, module, planted):
     path = copy / "pytest_kvoffload" / module
@@ -129,3 +132,23 @@ def test_tests_mirror_the_package():
     assert test_folders <= folders, f"test folders with no package folder: {sorted(test_folders - folders)}"
     untested = sorted(f for f in folders - test_folders)
     assert not untested, f"package folders without tests/<folder>/: {untested}"
+
+
+def test_the_layout_answers_each_where_question_with_one_existing_module():
+    """docs/layout.md's "Where is it?" table: each of its questions has one path first, and that module exists."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    table = text[text.index("## Where is it?"):text.index("## Which way imports run")]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| question")]
+    assert len(rows) == 6
+    for row in rows:
+        first = row.split("|")[2].split("`")[1]
+        assert (PACKAGE / first).is_file(), f"{first} (docs/layout.md) is no module of the package"
+
+
+def test_no_two_modules_share_a_file_name():
+    """One name, one module: `check.py` twice is two guesses for a reader (package `__init__.py` apart)."""
+    seen: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    assert not {n: p for n, p in seen.items() if len(p) > 1}

@@ -12,14 +12,18 @@ def test_the_pytest_entry_point_loads_the_plugin():
 
 def test_the_readme_import_of_backend_types():
     from pytest_kvoffload.backends import Backend, ServerSpec
-    from pytest_kvoffload.serve import backends
+    from pytest_kvoffload.serve import backend
 
-    assert Backend is backends.Backend and ServerSpec is backends.ServerSpec
+    assert Backend is backend.Backend and ServerSpec is backend.ServerSpec
+    # A plugin's ServerSpec(args, env, companion) still builds one, the new fields defaulted.
+    assert ServerSpec(["--x"], {"A": "1"}, None).tier_folders == ()
 
 
 def test_the_module_paths_vllm_loads():
-    from pytest_kvoffload.serve.backends import CPU_PLATFORM_SPEC_MODULE
-    from pytest_kvoffload.serve.builtin_backends import _kvoffload_disk  # noqa: F401 (the command line's source)
+    from pytest_kvoffload.serve.command_line import CPU_PLATFORM_SPEC_MODULE
+    from pytest_kvoffload.serve.builtin.kvoffload_disk import transfer_config
+
+    assert transfer_config({})["kv_connector_module_path"] == "pytest_kvoffload.connector"
 
     assert CPU_PLATFORM_SPEC_MODULE == "pytest_kvoffload.cpu_copy_worker"
     assert hasattr(importlib.import_module("pytest_kvoffload.connector"), "KVOffloadDiskConnector")

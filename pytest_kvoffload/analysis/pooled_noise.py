@@ -1,7 +1,7 @@
 """The gate's noise model between two recorded runs, pooled over the grid's cells.
 
 A run records 2 to 3 rounds a cell, too few for a distribution-free bound on one cell (3 against 3 gives
-only max/min). Rounds of one noise group (record/compare.noise_group) vary alike across lengths and
+only max/min). Rounds of one noise group (analysis/run_gate.noise_group) vary alike across lengths and
 fractions, so their spread is estimated once per group from every cell of both runs. It is not one relative
 spread: a round's jitter is partly absolute (a stall of a few ms is a fifth of a 50 ms prefill and nothing
 to a 1 s one), so the variance of a round's log TTFT at a cell whose TTFT is t is modelled as
@@ -15,7 +15,7 @@ fit, and judged on its own variance instead. A cell's centre is the median of it
 per unit variance simulated once, seeded: median_variance); its change is the ratio of its centres, new over
 base, with a t interval; a group's change is the inverse-variance weighted mean of its cells' log ratios.
 Stated assumptions: rounds are independent, log-normal around their cell's centre apart from stalls, with
-one (A, B) per group in both runs. tests/verdicts/test_pooled_noise.py holds it to simulated runs, stalls
+one (A, B) per group in both runs. tests/analysis/test_pooled_noise.py holds it to simulated runs, stalls
 included, and a run compared with itself passes.
 """
 

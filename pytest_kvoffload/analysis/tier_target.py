@@ -37,7 +37,7 @@ def bound_s(theirs_s: float, allowance: float) -> float:
 
 def of_bound_text(ratio: float) -> str:
     """A close call's paired median over its bound, as printed: three places, since at two a miss just over the
-    bound (make bench b69, a median above 1) read "1.00"."""
+    bound reads "1.00"."""
     return f"{ratio:.3f}"
 
 

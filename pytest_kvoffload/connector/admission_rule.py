@@ -14,9 +14,8 @@ Modes (connector option `admission`):
   one, changes the decisions without recalibrating.
 - always / never: take every load / none (no calibration needed): the controls that show a check of
   the rule can fail, and a way to compare policies.
-- planted near misses (config.PLANTED_MODES), wrong on purpose so the admission suite can show it catches
-  a rule that is only a little wrong: static:scale=F (the predicted load times F), static:no-fixed (the
-  load's fixed cost ignored), queue:full-credit (the whole queue ahead counted as hidden load time).
+- planted near misses, wrong on purpose, are the test-only connector's (rigged/planted_admission.py): the
+  admission suite's proof that it catches a rule that is only a little wrong.
 - queue (default): online, and a load that finishes while the request would be queued anyway is free.
   In a fluid model of a FCFS engine with W seconds of prefill work ahead of the request, recompute ends
   at W + t(p) + t(s) and a load of L seconds at max(L, W) + t(s): the load pays when L - e W <= t(p),
@@ -53,11 +52,10 @@ class Admission:
     WINDOW = 32       # recent loads the online estimate is fitted on
 
     def __init__(self, tier: dict, kv_bytes_per_token: int, counters: Counters, mode: str = "queue") -> None:
-        parsed = admission_mode(mode)
-        if parsed.base in FIXED_MODES:
+        base = admission_mode(mode)
+        if base in FIXED_MODES:
             raise ValueError(f"admission mode {mode!r}: a calibrated rule is one of static, online, queue")
-        self.mode = parsed.base
-        self.planted = parsed
+        self.mode = base
         self.recompute = RecomputeFit(**tier["recompute"])
         gbps = tier.get("bandwidth_gbps")
         self.seconds_per_token = 0.0 if not gbps else kv_bytes_per_token / (gbps * 1e9)
@@ -106,11 +104,16 @@ class Admission:
 
     def predicted(self, load_tokens: int, local_tokens: int, prompt_tokens: int | None = None) -> tuple[float, float]:
         """(load seconds, seconds of the recompute it replaces; costs.load_and_recompute)."""
-        # static:no-fixed plants a rule blind to the load's fixed cost: it sees only the base cost a.
-        fixed = self.recompute.a if self.planted.no_fixed else self.fixed_s
-        load, recompute = load_and_recompute(load_tokens, local_tokens, self.recompute, fixed,
-                                             self.transfer_seconds_per_token(), prompt_tokens)
-        return load * self.planted.scale, recompute
+        return load_and_recompute(load_tokens, local_tokens, self.recompute, self.fixed_cost(),
+                                  self.transfer_seconds_per_token(), prompt_tokens)
+
+    def fixed_cost(self) -> float:
+        """A load's fixed seconds, as calibrated."""
+        return self.fixed_s
+
+    def queue_credit(self) -> float:
+        """The share of the queue's wait ahead a load is hidden behind, as calibrated (queue_overlap)."""
+        return self.queue_overlap
 
     def queue_wait(self, ahead: Iterable[tuple[int, int]]) -> float:
         """Seconds of prefill the engine runs before this request's own: (computed, prompt) per running request."""
@@ -122,7 +125,7 @@ class Admission:
         wait = 0.0
         if self.mode == "queue":
             load += loading_tokens * self.transfer_seconds_per_token()
-            wait = (1.0 if self.planted.full_credit else self.queue_overlap) * self.queue_wait(ahead)
+            wait = self.queue_credit() * self.queue_wait(ahead)
         # A predicted gain inside the calibration's noise is a coin flip: recompute, which is never slower.
         threshold = recompute * (1 - self.margin)
         admit = load - wait < threshold or math.isclose(load - wait, threshold)

@@ -1,6 +1,6 @@
 """Where a chunk's blocks sit in the engine's KV cache, for the CPU build's copies (worker.py): runs of
 consecutive blocks (one slice copy each instead of one per block), and every layer as one view (one copy for
-all layers instead of one a layer), copied run by run (copy_runs); and the wrong KV a fault-injection test plants in a load (planted)."""
+all layers instead of one a layer), copied run by run (copy_runs)."""
 
 from __future__ import annotations
 
@@ -34,14 +34,6 @@ def stacked_layers(layers: list[torch.Tensor]) -> torch.Tensor | None:
         return None
     return first.as_strided((len(layers), *first.shape), (step, *first.stride()), first.storage_offset())
 
-
-def planted(src: torch.Tensor, fault: str, nth: int) -> torch.Tensor:
-    """Wrong KV for fault-injection tests (the connector's option fault), as a bug would load it past the
-    store's checks: "zero", "shift" (each block gets its file's previous block; a one-block file's layers are
-    rolled instead), or "alternate" (the `nth` load zero where odd, shift where even)."""
-    if fault == "alternate":
-        fault = "zero" if nth % 2 else "shift"
-    return torch.zeros_like(src) if fault == "zero" else torch.roll(src, 1, dims=1 if src.shape[1] > 1 else 0)
 
 
 def copy_runs(layers: list[torch.Tensor], stacked: torch.Tensor | None, chunk: torch.Tensor, index, ids,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,51 +11,26 @@ from pytest_kvoffload.connector.chunk_format import MAX_BLOCKS
 DEFAULT_CHUNK_TOKENS = 256
 
 
-# The admission rule's modes (admission.py): the calibrated ones first, then the two fixed controls.
+# The admission rule's modes (admission_rule.py): the calibrated ones first, then the two fixed controls.
 ADMISSION_MODES = ("queue", "static", "online", "always", "never")
-# Planted rules, wrong on purpose, for the admission suite's near-miss controls (docs/admission.md): the
-# static rule with its predicted load cost times F, the static rule blind to the fixed cost, and the queue
-# rule crediting the whole queue ahead as hidden load time.
-PLANTED_MODES = ("static:scale=F", "static:no-fixed", "queue:full-credit")
+# Options only the test-only connector takes (pytest_kvoffload/rigged/: an emulated drive, planted wrong KV),
+# named here so that the connector a user deploys refuses them in one line, saying where they live.
+RIGGED_CONNECTOR = "pytest_kvoffload.rigged"
+RIGGED_OPTIONS = ("read_gbps", "read_latency_ms", "fault")
 
 
-@dataclass(frozen=True)
-class AdmissionMode:
-    base: str  # one of ADMISSION_MODES
-    scale: float = 1.0
-    no_fixed: bool = False
-    full_credit: bool = False
-
-    @property
-    def planted(self) -> bool:
-        return self.scale != 1.0 or self.no_fixed or self.full_credit
-
-
-def admission_mode(text: str) -> AdmissionMode:
-    """An `admission` value read; ValueError, one line, when it is none of the modes or planted rules."""
-    valid = ", ".join(ADMISSION_MODES + PLANTED_MODES)
-    base, colon, planted = str(text).partition(":")
-    if base not in ADMISSION_MODES or (colon and not planted):
-        raise ValueError(f"admission {text!r} must be one of {valid}")
-    if not colon:
-        return AdmissionMode(base)
-    if base == "static" and planted == "no-fixed":
-        return AdmissionMode(base, no_fixed=True)
-    if base == "queue" and planted == "full-credit":
-        return AdmissionMode(base, full_credit=True)
-    key, _, value = planted.partition("=")
-    if base == "static" and key == "scale":
-        try:
-            scale = float(value)
-        except ValueError:
-            scale = 0.0
-        if scale > 0 and math.isfinite(scale):
-            return AdmissionMode(base, scale=scale)
-        raise ValueError(f"admission {text!r}: scale must be a number above 0, e.g. static:scale=1.5")
-    raise ValueError(f"admission {text!r} must be one of {valid}")
+def admission_mode(text: str) -> str:
+    """An `admission` value read; ValueError, one line, when it is none of the modes (a planted rule, the
+    admission suite's wrong-on-purpose control, is the test-only connector's)."""
+    text = str(text)
+    if text in ADMISSION_MODES:
+        return text
+    if ":" in text and text.partition(":")[0] in ADMISSION_MODES:
+        raise ValueError(f"admission {text!r} is a planted rule of the test-only connector ({RIGGED_CONNECTOR}); "
+                         f"the connector you deploy takes one of {', '.join(ADMISSION_MODES)}")
+    raise ValueError(f"admission {text!r} must be one of {', '.join(ADMISSION_MODES)}")
 
 
-FAULTS = ("zero", "shift", "alternate")
 
 
 class ConnectorConfigError(ValueError):
@@ -117,9 +91,8 @@ def _threads(extra: dict) -> tuple[int, int, str, str]:
 
 
 # Every kv_connector_extra_config key the connector reads.
-OPTIONS = frozenset({"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io", "read_gbps",
-                     "read_latency_ms", "calibration", "calibration_mismatch", "load_mode", "admission", "fault",
-                     "io_slice_us", "idle_wait_ms", "load_threads", "load_cpus", "save_cpus", "huge_pages",
+OPTIONS = frozenset({"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io",
+                     "calibration", "calibration_mismatch", "load_mode", "admission", "io_slice_us", "idle_wait_ms", "load_threads", "load_cpus", "save_cpus", "huge_pages",
                      "load_io"})
 
 # How long an idle step's worker waits for a load in flight past its expected end (idle_wait_ms; idle_wait.py).
@@ -155,8 +128,6 @@ class ConnectorConfig:
     # Chunk buffers on transparent huge pages where the kernel allows: one segment per O_DIRECT request
     # instead of one per 4 KiB page (io_memory.py has the measurement); false: ordinary pages.
     huge_pages: bool = True
-    read_bytes_per_s: float | None = None  # emulate a slower drive
-    read_latency_s: float = 0.0  # and its access latency: each load's reads start this much later
     calibration: Path | None = None
     # refuse: a calibration measured on another machine, model or drive stops the server (core/calibration.py);
     # accept: it is used anyway and what differs is logged.
@@ -164,15 +135,17 @@ class ConnectorConfig:
     # async: the request waits in the scheduler while I/O threads read (hides loads behind queueing);
     # sync: the step that computes the request loads first (no extra scheduler round trips).
     load_mode: str = "async"
-    admission: str = "queue"  # static | online | queue (need `calibration`) | always | never: see admission.py
-    # Test-only fault injection: load wrong KV that passes every file check, to prove output checks see it.
-    # zero: loaded blocks zeroed; shift: each block gets its file's previous block; alternate: by turns.
-    fault: str | None = None
+    admission: str = "queue"  # static | online | queue (need `calibration`) | always | never: admission_rule.py
 
     @classmethod
     def from_extra(cls, extra: dict, block_size: int) -> "ConnectorConfig":
         """Keys: OPTIONS; a bad one is a ConnectorConfigError naming it and what would be valid."""
         known = OPTIONS
+        rigged = sorted(set(extra) & set(RIGGED_OPTIONS))
+        if rigged:
+            raise ConnectorConfigError(
+                f"kvoffload connector: {', '.join(rigged)} is a test knob (an emulated drive or a planted fault) of "
+                f"the test-only connector {RIGGED_CONNECTOR}, not of the one you deploy; valid: {', '.join(sorted(known))}")
         unknown = set(extra) - known
         if unknown:
             raise ConnectorConfigError(
@@ -193,12 +166,6 @@ class ConnectorConfig:
         capacity = _number(extra, "capacity_gb", float, 64, "a number of GB")
         if capacity <= 0:
             raise ConnectorConfigError(f"kvoffload connector: capacity_gb {capacity} must be above 0")
-        read_gbps = _number(extra, "read_gbps", float, None, "a number of GB/s")
-        if read_gbps is not None and read_gbps <= 0:
-            raise ConnectorConfigError(f"kvoffload connector: read_gbps {read_gbps} must be above 0")
-        latency_ms = _number(extra, "read_latency_ms", float, 0.0, "a number of milliseconds")
-        if latency_ms < 0:
-            raise ConnectorConfigError(f"kvoffload connector: read_latency_ms {latency_ms} must not be negative")
         load_mode = str(extra.get("load_mode", "async"))
         if load_mode not in ("async", "sync"):
             raise ConnectorConfigError(f"kvoffload connector: load_mode {load_mode!r} must be 'async' or 'sync'")
@@ -211,9 +178,6 @@ class ConnectorConfig:
         if mismatch not in ("refuse", "accept"):
             raise ConnectorConfigError(
                 f"kvoffload connector: calibration_mismatch {mismatch!r} must be 'refuse' or 'accept'")
-        fault = extra.get("fault") or None
-        if fault is not None and fault not in FAULTS:
-            raise ConnectorConfigError(f"kvoffload connector: fault {fault!r} must be one of {', '.join(FAULTS)}")
         slice_us = _number(extra, "io_slice_us", int, MIN_SLICE_US, "a whole number of microseconds")
         if slice_us and not MIN_SLICE_US <= slice_us <= MAX_SLICE_US:
             raise ConnectorConfigError(f"kvoffload connector: io_slice_us {slice_us} must be 0 (the kernel's "
@@ -241,11 +205,8 @@ class ConnectorConfig:
             idle_wait_s=idle_wait_ms / 1e3,
             direct_io=bool(direct),
             huge_pages=huge_pages,
-            read_bytes_per_s=float(read_gbps) * 1e9 if read_gbps is not None else None,
-            read_latency_s=latency_ms / 1e3,
             calibration=Path(extra["calibration"]) if extra.get("calibration") else None,
             calibration_mismatch=mismatch,
             load_mode=load_mode,
             admission=admission,
-            fault=fault,
         )

@@ -76,7 +76,7 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         block_size = vllm_config.cache_config.block_size
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
-        self.config = ConnectorConfig.from_extra(extra, block_size)
+        self.config = self.read_config(extra, block_size)
         self.fingerprint = fingerprint(vllm_config, self.config.chunk_tokens)
         chain_root = key_root(self.fingerprint)
         self._scheduler = None
@@ -95,10 +95,19 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
             self._scheduler = SchedulerSide(self.config, block_size, chain_root, index,
                                             admit=self._admission(vllm_config), counters=self._scheduler_counters)
         else:
-            from pytest_kvoffload.connector.worker import WorkerSide
+            self._worker = self.new_worker(self.config.store_dir / f"rank{_tp_rank()}", block_size)
 
-            self._worker = WorkerSide(self.config, self.fingerprint, self.config.store_dir / f"rank{_tp_rank()}",
-                                      block_size)
+    # What the test-only connector (rigged/rigged_connector.py) replaces: the options it reads, its worker, its rule.
+    def read_config(self, extra: dict, block_size: int) -> ConnectorConfig:
+        return ConnectorConfig.from_extra(extra, block_size)
+
+    def new_worker(self, store_root, block_size: int):
+        from pytest_kvoffload.connector.worker import WorkerSide  # torch-heavy: the worker process only
+
+        return WorkerSide(self.config, self.fingerprint, store_root, block_size)
+
+    def new_admission(self, tier: dict, kv_bytes_per_token: int) -> Admission:
+        return Admission(tier, kv_bytes_per_token, self._scheduler_counters, self.config.admission)
 
     def _admission(self, vllm_config) -> Admission | FixedAdmission | None:
         if self.config.admission in FIXED_MODES:
@@ -118,7 +127,7 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
                  "%s-token prefix (hits pay from %s)", self.config.admission, self.config.calibration,
                  tier.get("bandwidth_gbps"), 1e3 * tier.get("fixed_s", 0.0), 100 * (tier.get("margin") or 0.0),
                  tier.get("enforced_break_even_prefix_tokens"), tier.get("break_even_prefix_tokens"))
-        return Admission(tier, actual["kv_bytes_per_token"], self._scheduler_counters, self.config.admission)
+        return self.new_admission(tier, actual["kv_bytes_per_token"])
 
     @property
     def requires_kv_delivery(self) -> bool:

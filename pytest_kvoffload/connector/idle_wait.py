@@ -1,9 +1,7 @@
 """How long a step with nothing to compute waits for a load in flight (worker.py, get_finished; idle_wait_ms).
 
 vLLM runs such steps back to back only to poll get_finished, and each poll that finds the load unfinished
-costs a whole empty step before the request can be scheduled: on the 2-core VM the engine spent 1.2 ms
-between two steps and 0.7 to 1.0 ms in the empty step (a 4,096-token tier hit's step timeline: the load took
-5.2 to 7.3 ms, the 5 ms wait returned before it finished, and vLLM saw it a step later; notes of 2026-12-04).
+costs a whole empty step before the request can be scheduled (docs/notes/2026-12-04-last-read.md).
 So a step waits until the load nearest its end is expected to be done, and idle_wait_ms beyond (a load
 running at the rate it was expected to would otherwise end a hair after the wait): its bytes at the slowest
 rate this worker's recent loads ran, after the emulated drive's access latency. A request arriving meanwhile

@@ -41,16 +41,13 @@ KEEP_FREE_BYTES = 64 << 20
 
 class ChunkStore:
     def __init__(self, root: Path, fingerprint: str, layout: Layout, direct_io: bool = True,
-                 read_bytes_per_s: float | None = None, counters: Counters | None = None,
-                 keep_free: int | None = None, huge_pages: bool = True) -> None:
+                 counters: Counters | None = None, keep_free: int | None = None, huge_pages: bool = True) -> None:
         self.root = Path(root)
         self.huge_pages = huge_pages  # chunk buffers on huge pages where the kernel allows (io_memory.py)
         self.fingerprint = hashlib.sha256(fingerprint.encode()).digest()
         self.layout = layout
-        self.read_bytes_per_s = read_bytes_per_s
         self.counters = counters or Counters()
         self._lock = threading.Lock()
-        self._throttle_until = 0.0
         self._logged: set[str] = set()
         self._free: list[Path] = []  # removed chunks' files, ready to be written over
         self._free_lock = threading.Lock()
@@ -318,24 +315,16 @@ class ChunkStore:
         used_s = time.perf_counter() - use_started
         if checksum(payload) != stored_sum:
             return self._corrupt(key, "checksum mismatch")
-        self._throttle(size)
+        self.after_read(size)
         self.counters.add("load_seconds", time.perf_counter() - started - used_s)
         self.counters.add("bytes_read", size)
         self.counters.add("useful_bytes_read", self.layout.payload_bytes_for(used or blocks))
         self.counters.add("chunks_read")
         return True
 
-    def _throttle(self, nbytes: int) -> None:
-        """Hold a read until a drive of read_bytes_per_s could have delivered it (shared by all threads)."""
-        if not self.read_bytes_per_s:
-            return
-        with self._lock:
-            start = max(time.perf_counter(), self._throttle_until)
-            self._throttle_until = start + nbytes / self.read_bytes_per_s
-            until = self._throttle_until
-        delay = until - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
+    def after_read(self, nbytes: int) -> None:
+        """Called once a chunk is read and checked, inside its load time: nothing here; the test-only
+        connector's emulated drive holds the read there (rigged/emulated_drive.py)."""
 
     def _corrupt(self, key: str, why: str) -> bool:
         self.counters.add("chunks_corrupt")

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from pytest_kvoffload.connector.aio_loads import AioLoads, available as aio_available
-from pytest_kvoffload.connector.blocks import copy_runs, planted, stacked_layers
+from pytest_kvoffload.connector.blocks import copy_runs, stacked_layers
 from pytest_kvoffload.connector.buffers import BusyTime, GatheredBuffers, pinned_buffer
 from pytest_kvoffload.connector.config import ConnectorConfig
 from pytest_kvoffload.connector.metadata import KVOffloadMetadata, KVOffloadWorkerMeta, LoadJob, SaveJob
@@ -46,6 +46,8 @@ LOAD_THREADS, SAVE_THREADS = "kvoffload-load", "kvoffload-save"
 
 
 class WorkerSide:
+    read_delay_s = 0.0  # a load's reads start this long after its hand-over (rigged/: an emulated drive's latency)
+
     def __init__(self, config: ConnectorConfig, fingerprint: str, store_root: Path, block_size: int) -> None:
         self.config = config
         self.block_size = block_size
@@ -55,10 +57,8 @@ class WorkerSide:
         self.layers: list[torch.Tensor] = []
         self.stacked: torch.Tensor | None = None  # every layer as one view, where they allow it (stacked_layers)
         self.store: ChunkStore | None = None
-        # Loads and saves get threads of their own: a load must never queue behind another request's saves. Without AIO
-        # (load_io=threads; CUDA) io_threads reads are in flight, as the drive reference has them, by load_threads
-        # threads: while one checks a chunk and scatters it into the cache (0.4 ms of CPU a 1 MiB chunk alone, 0.6 to
-        # 0.7 in the server, against 0.7 ms of the drive's time), another's read keeps the drive busy.
+        # Loads and saves get threads of their own: a load must never queue behind another request's saves. Without AIO,
+        # load_threads threads keep io_threads reads in flight while others check and scatter (docs/connector.md).
         self._read_slots = ReadSlots(config.io_threads)
         self.load_pool = self._io_pool(LOAD_THREADS, config.load_threads or 2 * config.io_threads)
         self.save_pool = self._io_pool(SAVE_THREADS, config.io_threads)
@@ -68,7 +68,7 @@ class WorkerSide:
         # Wall time with saves (loads) in flight, each instant counted once (BusyTime).
         self._saves_busy = BusyTime()
         self._loads_busy = BusyTime()
-        self._idle_wait = IdleWait(config.idle_wait_s, config.read_latency_s)  # how long an idle step waits
+        self._idle_wait = IdleWait(config.idle_wait_s, self.read_delay_s)  # how long an idle step waits
         self._report_lock = threading.Lock()  # I/O threads append to the report below
         self._report = KVOffloadWorkerMeta()
         # One chunk buffer per I/O thread, reused: a fresh 4 KiB-aligned buffer per chunk costs page faults.
@@ -78,7 +78,6 @@ class WorkerSide:
         self._failed_blocks: set[int] = set()
         self._cuda = False
         self.device = None
-        self._faults = 0  # loads with a planted fault (config.fault)
         self._aio: AioLoads | None = None  # the CPU build's loads with load_io=aio (register_kv_caches)
         self._aio_pool: ThreadPoolExecutor | None = None
 
@@ -101,8 +100,7 @@ class WorkerSide:
             held = max(self.config.io_threads, GATHER_AHEAD_BYTES // self.layout.file_bytes)
             self.step_buffers = GatheredBuffers(lambda: self.store.new_buffer(), held)
         layout_text = f"{self.fingerprint}|shape={self.block_shape}|dtype={self.dtype}"
-        self.store = ChunkStore(self.store_root, layout_text, self.layout, self.config.direct_io,
-                                self.config.read_bytes_per_s, self.counters, huge_pages=self.config.huge_pages)
+        self.store = self.new_store(layout_text)
         if not self._cuda and self.config.load_io == "aio":
             if aio_available():
                 self._aio = AioLoads(self.store, self.config.io_threads)
@@ -117,16 +115,23 @@ class WorkerSide:
                  "" if self._cuda else ("; blocks move in one copy for all layers" if self.stacked is not None
                                         else "; blocks move a layer at a time (layers not in one allocation)"))
 
-    # -- per-step entry points -----------------------------------------------------------------------
+    # The test-only connector's worker (rigged/) paces this store and plants wrong KV in `loaded`.
+    def new_store(self, layout_text: str) -> ChunkStore:
+        return ChunkStore(self.store_root, layout_text, self.layout, self.config.direct_io, self.counters,
+                          huge_pages=self.config.huge_pages)
+
+    def loaded(self, src: torch.Tensor) -> torch.Tensor:  # a chunk's blocks, as they go into the cache
+        return src
+
+    # -- per-step entry points --
     def start_load_kv(self, meta: KVOffloadMetadata) -> None:
         self._delete(meta)
         sync = []
         for job in meta.loads:
-            # Chunks are read in parallel; the request is released when all are in. An emulated drive's
-            # access latency (read_latency_ms) holds every read of this load until it has passed. The load is
-            # timed from its hand-over, as the drive's reference times its requests (drive/probe.py, timed_groups).
+            # Chunks are read in parallel, none before read_delay_s; the request is released when all are in. The
+            # load is timed from its hand-over, as the drive's reference times its requests (drive/probe.py).
             started = time.perf_counter()
-            not_before = started + self.config.read_latency_s
+            not_before = started + self.read_delay_s
             if self._aio is not None:
                 futures = [Future() for _ in job.chunks]
                 self._aio_pool.submit(self._aio.load, job.chunks, futures, self._scatter_for, not_before)
@@ -176,16 +181,15 @@ class WorkerSide:
 
     def _hand_over(self) -> None:
         """Once a step has submitted I/O it does not wait for: on the CPU build the I/O threads share this thread's
-        core and the GIL, which it would hold on into vLLM's Python, so it yields them both. A step's first write
-        waited 0.10 to 0.25 ms for a thread, not 0.44 to 1.24; READ 0.94 and 0.92 of the drive, not 0.82 and 0.86
-        (notes/2026-12-04-save-handover.md, docs/connector.md)."""
+        core and the GIL, which it would hold on into vLLM's Python, so it yields them both
+        (docs/notes/2026-12-04-save-handover.md)."""
         if not self._cuda:
             os.sched_yield()
 
     def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> tuple[set[str] | None, set[str] | None]:
         if idle:
-            # Blocked there this thread holds neither core nor GIL, which the CPU build's I/O threads need (they
-            # waited 0.31 ms for a CPU per chunk read while vLLM polled; notes of 2026-12-02, paired).
+            # Blocked there this thread holds neither core nor GIL, which the CPU build's I/O threads need
+            # (docs/notes/2026-12-02-paired.md).
             waited = self._idle_wait.wait_for_a_load(self._loads.values(), self._chunk_bytes)
             if waited is not None:
                 self.counters.add("idle_wait_seconds", waited)
@@ -311,10 +315,7 @@ class WorkerSide:
         """The scatter of `chunk`'s blocks from `buffer`, run by the store before the checksum: a damaged
         chunk's blocks are then reported failed (_collect) and recomputed."""
         def scatter() -> None:
-            src = self._views(buffer, count)
-            if self.config.fault:
-                self._faults += 1
-                src = planted(src, self.config.fault, self._faults)
+            src = self.loaded(self._views(buffer, count))
             self._scatter(src, [i for i, _ in chunk.blocks], [b for _, b in chunk.blocks])
         return scatter
 

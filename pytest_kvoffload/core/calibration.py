@@ -79,9 +79,11 @@ def machine_fingerprint(store_dir: str | Path, tensor_parallel: int) -> dict:
     }
 
 
-def build_calibration(analysis: dict, settings, environment: dict, store_dir: str | Path | None = None) -> dict:
+def build_calibration(analysis: dict, settings, environment: dict, store_dir: str | Path | None = None,
+                      connector_tier: str | None = None) -> dict:
     """`store_dir`: the folder of the store the figures came from (default: --kv-disk-opt store_dir, else
-    the results folder, where the run's scratch stores live)."""
+    the results folder, where the run's scratch stores live); `connector_tier`: the entry of `tiers` the
+    connector's admission rule reads (the backend whose figures they are)."""
     tiers = {}
     for backend, entry in analysis.items():
         tier = entry.get("tier")
@@ -113,6 +115,7 @@ def build_calibration(analysis: dict, settings, environment: dict, store_dir: st
             "store": str(settings.disk_opts.get("store_dir", "run scratch")),
         },
         "tiers": tiers,
+        **({"connector_tier": connector_tier} if connector_tier else {}),
     }
 
 
@@ -158,12 +161,17 @@ def check_fingerprint(calibration: dict, actual: dict, path: str | Path = "calib
     if diffs and mismatch != "accept":
         raise CalibrationError(
             f"calibration {path} was measured for another setup ({'; '.join(diffs)}); recalibrate with "
-            f"pytest suites/ --kv-backend=kvoffload-disk --kv-model={actual.get('model')} on this machine, or "
+            f"pytest suites/test_admission.py --kv-model={actual.get('model')} on this machine, or "
             "accept it knowingly with calibration_mismatch=accept")
     return diffs
 
 
-def tier_entry(calibration: dict, backend: str = "kvoffload-disk") -> dict:
+def tier_entry(calibration: dict, backend: str | None = None) -> dict:
+    """The figures of `backend`'s tier, by default those the file names for the connector (connector_tier)."""
+    backend = backend or calibration.get("connector_tier")
+    if not backend:
+        raise CalibrationError(f"calibration names no connector_tier (the entry of its tiers the connector reads: "
+                               f"one of {', '.join(calibration['tiers']) or 'none'}); recalibrate, or add it")
     try:
         return calibration["tiers"][backend]
     except KeyError:

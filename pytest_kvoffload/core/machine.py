@@ -122,7 +122,7 @@ def default_cpu_gib() -> float:
     """CPU memory for a CPU tier: a quarter of the machine, 1 to 64 GiB, leaving room for the engine.
 
     Without a GPU the engine's own KV cache, its weights and the tier all live in that memory, and vLLM's
-    tiering fills its whole region up front: an eighth, at most 4 GiB (the engine gets 2, serve/backends.py).
+    tiering fills its whole region up front: an eighth, at most 4 GiB (the engine gets 2, serve/command_line.py).
     """
     if not has_cuda():
         return round(min(4.0, max(1.0, memory_gib() / 8)), 1)

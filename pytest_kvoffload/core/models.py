@@ -29,6 +29,8 @@ class ModelInfo:
     name: str
     path: Path
     config: dict
+    # Seeded random weights planned for `path`, written before a server starts (serve/weights.py); None: none.
+    weights_seed: int | None = None
 
     @property
     def num_layers(self) -> int:
@@ -64,7 +66,8 @@ class ModelInfo:
 
     @property
     def has_weights(self) -> bool:
-        return any(self.path.glob("*.safetensors")) or any(self.path.glob("*.bin"))
+        return (self.weights_seed is not None or any(self.path.glob("*.safetensors"))
+                or any(self.path.glob("*.bin")))
 
     def kv_bytes_per_token(self, kv_dtype_bytes: int | None = None) -> int:
         """layers x (K and V) x KV heads x head dim x bytes per element."""

@@ -1,4 +1,4 @@
-"""Every tolerance a verdict of this project uses, defined once (the decision layer, verdicts/, reads them;
+"""Every tolerance a verdict of this project uses, defined once (the decision layer, analysis/, reads them;
 the cost model and the connector's admission rule, which run without it, read them from here too).
 
 Each is a user-facing figure's limit or the confidence a verdict is stated at, not a property of a machine:

@@ -8,10 +8,8 @@ connector. So each of the connector's rounds (its cold request's saves, its engi
 tier hit's load) is followed at once by raw requests of the same size in the same pattern, none of the
 store's code: the round's chunks handed to the connector's number of threads at once, written into a fresh
 file, read back in the round's own loads (the chunk file of the last block beside the engine hit, then the
-whole prompt's, the drive's rest before each), and written over again (probe.probe_disk_bursts). Until
-2026-12-02 the reads were one burst of the prompt's files: the engine hit's load, 12 of the 102 chunk files
-a disk-speed run reads and a millisecond and a half each after a rest, was in the connector's figure and
-missing from the drive's (docs/notes/2026-12-02-loads.md). Both figures are bytes over busy
+whole prompt's, the drive's rest before each), and written over again (probe.probe_disk_bursts): a read
+after a rest is slower, and the connector's figure has them (docs/notes/2026-12-02-loads.md). Both figures are bytes over busy
 time summed over the same rounds, so they cover the same minutes of the drive; the per-round figures give
 the spread.
 
@@ -25,9 +23,7 @@ pattern_lines prints both.
 
 The writes are the round's save batches: one burst where a prompt's prefill is one step, as many equal ones
 as the connector wrote batches where it took several (the 4,096-token prompts of the disk-speed suite
-prefill in two steps on the CPU build). Until 2026-12-02 they were one burst of all the round's chunks, on
-the belief that a drive serves smaller bursts no faster; the reads' loads above showed this drive serves
-a burst after a rest more slowly (paired, 0.88 of the one-burst figure).
+prefill in two steps on the CPU build): a drive serves a burst after a rest more slowly.
 """
 
 from __future__ import annotations
@@ -220,8 +216,7 @@ def pattern_lines(figures: dict, beside: DriveBeside, code_share: dict, drive_bu
             if ours[way] and delivered[way]:
                 figures[f"{way}_drive_in_pattern_gbps"] = ours[way]
                 figures[f"{way}_vs_drive_in_pattern"] = delivered[way] / ours[way]
-                # Three places: these are the figures held to targets (0.8, 0.9), and at two a READ of 0.898
-                # printed as 0.90 (make bench b75, 2026-12-04).
+                # Three places: these are the figures held to targets, and at two a miss can print as a pass.
                 ratios.append(f"{way.upper()} {figures[f'{way}_vs_drive_in_pattern']:.3f} "
                               f"({delivered[way] * 1e3:,.0f} against {ours[way] * 1e3:,.0f} MB/s)")
         breakdown += (f"\nthe drive alone in the connector's pattern right after each round (raw requests, no "

@@ -1,5 +1,5 @@
 """Reading the backend options: --kv-backend's list and its NAME[KEY=VALUE,...] variants, --kv-ab's pair and
---kv-backend-python's interpreters, each into the registry (serve/backends.py), with one-line errors."""
+--kv-backend-python's interpreters, each into the registry (serve/backend.py), with one-line errors."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 from pytest_kvoffload.core.vllm_releases import UnsupportedVllm
-from pytest_kvoffload.serve.backends import (Backend, BackendConfigError, BackendRegistry, server_release, twin_name,
-                                             with_connector_options)
+from pytest_kvoffload.serve.backend import Backend, BackendConfigError, BackendRegistry, twin_name, with_connector_options
+from pytest_kvoffload.serve.command_line import server_release
 
 
 def split_backends(value: str) -> list[str]:
@@ -30,7 +30,7 @@ def split_backends(value: str) -> list[str]:
 def parse_variant(text: str, registry: BackendRegistry) -> Backend:
     """NAME[KEY=VALUE,...]: a registered backend with connector options, under that name. VALUE is read as
     JSON where it parses (numbers, true/false), else as a string. Raises BackendConfigError, one line."""
-    usage = f"--kv-backend {text!r}: expected NAME[KEY=VALUE,...], e.g. kvoffload-disk[io_threads=4]"
+    usage = f"--kv-backend {text!r}: expected NAME[KEY=VALUE,...], e.g. {registry.ours()}[io_threads=4]"
     base, bracket, rest = text.partition("[")
     if not bracket or not rest.endswith("]") or not rest[:-1].strip():
         raise BackendConfigError(usage)
@@ -49,17 +49,10 @@ def parse_variant(text: str, registry: BackendRegistry) -> Backend:
             options[key] = json.loads(value)
         except ValueError:
             options[key] = value
-    if base == "kvoffload-disk":
-        from pytest_kvoffload.connector.config import ConnectorConfig, ConnectorConfigError
-        try:
-            ConnectorConfig.from_extra({**options, "store_dir": "/variant-check"}, 16)
-        except ConnectorConfigError as exc:
-            raise BackendConfigError(f"--kv-backend {text!r}: {exc}") from None
-    variant = with_connector_options(backend, text[len(base) + 1:-1], user_facing=True, **options)
-    if base == "kvoffload-disk" and options.get("load_mode") == "sync":
-        # A synchronous load leaves the prompt's last block to the engine (connector/scheduler.py _loadable).
-        variant = dataclasses.replace(variant, last_block_source=None)
-    return variant
+    try:  # the backend's module checks its options and makes the variant (serve/builtin/)
+        return with_connector_options(backend, text[len(base) + 1:-1], user_facing=True, **options)
+    except BackendConfigError as exc:
+        raise BackendConfigError(f"--kv-backend {text!r}: {exc}") from None
 
 
 def register_variants(registry: BackendRegistry, names: list[str]) -> None:
@@ -73,8 +66,8 @@ def register_ab(registry: BackendRegistry, value: str) -> tuple[str, str]:
     """--kv-ab A,B: the pair's names, variants registered; B compared with itself gets a twin of its own."""
     names = split_backends(value)
     if len(names) != 2:
-        raise BackendConfigError(f"--kv-ab {value!r}: expected two backends A,B, e.g. "
-                                 "kvoffload-disk,kvoffload-disk[read_gbps=0.05]")
+        ours = registry.ours()
+        raise BackendConfigError(f"--kv-ab {value!r}: expected two backends A,B, e.g. {ours},{ours}[read_gbps=0.05]")
     register_variants(registry, names)
     for name in names:
         if name not in registry:

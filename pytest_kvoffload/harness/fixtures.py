@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_kvoffload.serve.backends import Backend
+from pytest_kvoffload.serve.backend import Backend
 from pytest_kvoffload.measure.cells import Cell
 from pytest_kvoffload.measure.runner import CellOutcome, CellRunner
 from pytest_kvoffload.serve.client import Endpoint

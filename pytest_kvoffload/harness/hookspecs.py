@@ -11,7 +11,7 @@ def pytest_kvoffload_register_backends(registry):
 
     Example, in conftest.py::
 
-        from pytest_kvoffload.serve.backends import Backend, ServerSpec
+        from pytest_kvoffload.serve.backend import Backend, ServerSpec
 
         def pytest_kvoffload_register_backends(registry):
             registry.register(Backend(

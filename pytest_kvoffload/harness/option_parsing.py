@@ -11,8 +11,8 @@ from urllib.parse import urlparse
 from pytest_kvoffload.core import machine
 from pytest_kvoffload.harness.backend_options import split_backends
 from pytest_kvoffload.core.calibration import CalibrationError, check_fingerprint, machine_fingerprint, read_calibration
-from pytest_kvoffload.connector.config import (ADMISSION_MODES, PLANTED_MODES, ConnectorConfig,
-                                               ConnectorConfigError, admission_mode)
+from pytest_kvoffload.connector.config import ADMISSION_MODES, ConnectorConfigError
+from pytest_kvoffload.rigged import knobs
 from pytest_kvoffload.core.models import DTYPE_BYTES, ModelError, ModelInfo, load_model
 from pytest_kvoffload.core.settings import Settings
 
@@ -94,9 +94,9 @@ def parse_positive_float(option: str, value, upper: float | None = None) -> floa
 
 def parse_admission(value: str) -> str:
     try:
-        admission_mode(value)
+        knobs.planted_mode(value)
     except ValueError:
-        raise OptionError(f"--kv-admission {value!r}: expected one of {', '.join(ADMISSION_MODES + PLANTED_MODES)} "
+        raise OptionError(f"--kv-admission {value!r}: expected one of {', '.join(ADMISSION_MODES + knobs.PLANTED_MODES)} "
                           "(F a number above 0, e.g. static:scale=1.5)") from None
     return value
 
@@ -168,7 +168,8 @@ def output_checks(model: ModelInfo) -> str:
 
 
 def parse_weights(value: str, model: ModelInfo, on_gpu: bool) -> ModelInfo:
-    """--kv-weights: the model as served. A model with weights of its own is served with them whatever this says."""
+    """--kv-weights: the model as served, random weights planned, not written (the plugin writes them before
+    any server: plugin.write_weights). A model with weights of its own is served with them whatever this says."""
     if value not in ("auto", "random", "dummy"):
         raise OptionError(f"--kv-weights {value!r}: expected auto, random or dummy")
     if value == "dummy" or model.has_weights:
@@ -176,12 +177,20 @@ def parse_weights(value: str, model: ModelInfo, on_gpu: bool) -> ModelInfo:
     limit = AUTO_RANDOM_MAX_PARAMS_GPU if on_gpu else AUTO_RANDOM_MAX_PARAMS
     if value == "auto" and (model.config.get("model_type") != "llama" or model.parameter_count() > limit):
         return model
-    from pytest_kvoffload.serve.weights import with_random_weights
+    from pytest_kvoffload.serve.weights import random_weights_plan
 
     try:
-        return with_random_weights(model, on_gpu=on_gpu)
+        return random_weights_plan(model, on_gpu=on_gpu)
     except ModelError as exc:
         raise OptionError(str(exc)) from None
+
+
+def write_weights(model: ModelInfo, on_gpu: bool) -> ModelInfo:
+    """The planned random weights written (once; later runs find them), or one line saying why they cannot be."""
+    from pytest_kvoffload.serve.weights import write_planned
+
+    try:
+        return write_planned(model, on_gpu)
     except OSError as exc:
         raise OptionError(f"--kv-weights random: cannot write the weights ({exc}); set KVOFFLOAD_CACHE to a "
                           "writable folder or use --kv-weights dummy") from None
@@ -224,7 +233,7 @@ def parse_disk_opts(values: list[str], block_size: int) -> dict:
         except json.JSONDecodeError:
             options[key.strip()] = raw
     try:
-        ConnectorConfig.from_extra({"store_dir": "/check", **options}, block_size)
+        knobs.check({"store_dir": "/check", **options}, block_size)  # test knobs too: rigged/knobs.py
         if options.get("calibration"):
             read_calibration(options["calibration"])
     except (ConnectorConfigError, CalibrationError) as exc:

@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Callable
 
 from pytest_kvoffload.core import machine
-from pytest_kvoffload.serve.backends import BackendConfigError, BackendRegistry
+from pytest_kvoffload.serve.backend import BackendConfigError, BackendRegistry
 from pytest_kvoffload.harness.backend_options import use_python
-from pytest_kvoffload.connector.config import OPTIONS as CONNECTOR_OPTIONS
+from pytest_kvoffload.connector.config import OPTIONS as CONNECTOR_OPTIONS, RIGGED_OPTIONS
+from pytest_kvoffload.serve.builtin import (gpu_only, kvoffload_disk, lmcache_disk, lmcache_inproc_disk, native_cpu,
+                                            native_disk)
 from pytest_kvoffload.core.settings import Settings
 from pytest_kvoffload.harness.backend_options import register_ab, register_variants, split_backends
 from pytest_kvoffload.harness.option_parsing import (OptionError, check_calibration_here, check_engine_tokens,
@@ -38,7 +40,7 @@ class Option:
 OPTIONS = (
     Option("--kv-backend", "kv_backend",
            "backends to measure: all, or a comma list (default: all); a variant NAME[KEY=VALUE,...] adds "
-           "connector options, e.g. kvoffload-disk[io_threads=4]"),
+           f"connector options, e.g. {kvoffload_disk.NAME}[io_threads=4]"),
     Option("--kv-ab", "kv_ab",
            "A,B: compare two backends or variants in one run, both servers up, rounds interleaved, a paired "
            "verdict per cell (suites/test_ab.py); B may equal A"),
@@ -86,15 +88,18 @@ OPTIONS = (
     Option("--kv-block-size", "kv_block_size",
            "KV block size in tokens passed to vLLM (default: 128 on CPU, 16 on GPU)"),
     Option("--kv-cpu-gib", "kv_cpu_gib",
-           "CPU memory for CPU tiers (native-cpu, native-disk's first tier, LMCache's staging), GiB (default: "
+           f"CPU memory for CPU tiers ({native_cpu.NAME}, {native_disk.NAME}'s first tier, LMCache's staging), GiB "
+           "(default: "
            "an eighth of this machine's without a GPU, at most 4; a quarter with one, at most 64)"),
     Option("--kv-disk-gb", "kv_disk_gb",
-           "capacity of disk tiers (kvoffload-disk, lmcache-inproc-disk; lmcache-disk's fs tier has none), GB "
+           f"capacity of disk tiers ({kvoffload_disk.NAME}, {lmcache_inproc_disk.NAME}; {lmcache_disk.NAME}'s fs tier "
+           "has none), GB "
            "(default: half the free space under "
            "--kv-results-dir, at most 256)"),
     Option("--kv-disk-opt", "kv_disk_opts",
-           "kvoffload-disk connector option KEY=VALUE (repeatable), e.g. store_dir=/nvme/kv or read_gbps=6; "
-           "keys: " + ", ".join(sorted(CONNECTOR_OPTIONS)), repeatable=True),
+           f"{kvoffload_disk.NAME} connector option KEY=VALUE (repeatable), e.g. store_dir=/nvme/kv or read_gbps=6 "
+           "(a test knob: the test-only connector then serves it, rigged/); "
+           "keys: " + ", ".join(sorted(CONNECTOR_OPTIONS | set(RIGGED_OPTIONS))), repeatable=True),
     Option("--kv-gpu-memory-utilization", "kv_gpu_memory_utilization",
            "share of GPU memory vLLM may use, passed on CUDA only (default 0.9)"),
     Option("--kv-tensor-parallel", "kv_tensor_parallel", "GPUs per server (vLLM --tensor-parallel-size; default 1)"),
@@ -113,7 +118,7 @@ OPTIONS = (
     Option("--kv-trace-concurrency", "kv_trace_concurrency", "requests in flight at most (default 4)"),
     Option("--kv-trace-max-output", "kv_trace_max_output", "cap on output tokens per request (default 4)"),
     Option("--kv-trace-repeats", "kv_trace_repeats",
-           "replays per backend, caches emptied before each; the verdict against gpu-only pairs requests over "
+           f"replays per backend, caches emptied before each; the verdict against {gpu_only.NAME} pairs requests over "
            "them (default 3)"),
 )
 OPTION_NAMES = frozenset(option.name for option in OPTIONS)

@@ -14,16 +14,17 @@ from pytest_kvoffload.harness import fixtures
 from pytest_kvoffload.harness import hookspecs
 from pytest_kvoffload.core import machine
 from pytest_kvoffload.harness import server_plan
-from pytest_kvoffload.serve.backends import BackendConfigError, LaunchContext, server_command, server_release
+from pytest_kvoffload.serve.backend import BackendConfigError, LaunchContext
+from pytest_kvoffload.serve.command_line import server_command, server_release
 from pytest_kvoffload.core.vllm_releases import UnsupportedVllm
-from pytest_kvoffload.serve.builtin_backends import default_registry
+from pytest_kvoffload.serve.builtin import default_registry
 from pytest_kvoffload.measure.cells import grid
 from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.harness.fixtures import SESSION_KEY
 from pytest_kvoffload.record.run_record import RecordError, read_run
 from pytest_kvoffload.record.summary_text import summary_text
 from pytest_kvoffload.harness.options import OptionError, OptionValues, add_options, read_options
-from pytest_kvoffload.harness.option_parsing import output_checks
+from pytest_kvoffload.harness.option_parsing import output_checks, write_weights
 from pytest_kvoffload.core.progress import ProgressLine
 from pytest_kvoffload.harness.session import KVSession
 from pytest_kvoffload.core.settings import Settings
@@ -84,6 +85,7 @@ def pytest_configure(config):
     try:
         settings, replay_plan = read_options(OptionValues.from_config(config), registry)
         check_server_commands(settings, registry)
+        write_weights(settings.model, machine.has_cuda())  # parsing planned them; nothing was written there
     except (OptionError, BackendConfigError) as exc:
         raise pytest.UsageError(str(exc)) from None
     progress = ProgressLine(config.pluginmanager.get_plugin("terminalreporter"),

@@ -15,15 +15,14 @@ from pytest_kvoffload.harness import environment
 from pytest_kvoffload.core import machine
 from pytest_kvoffload.serve import page_cache
 from pytest_kvoffload.core.vllm_releases import UnsupportedVllm
-from pytest_kvoffload.serve.backends import (Backend, BackendRegistry, LaunchContext, interpreter_versions, package_path,
-                                             server_launch, server_release)
+from pytest_kvoffload.serve.backend import Backend, BackendRegistry, LaunchContext
+from pytest_kvoffload.serve.command_line import interpreter_versions, package_path, server_launch, server_release
 from pytest_kvoffload.serve.client import Endpoint
 from pytest_kvoffload.serve.companion import Companion
 from pytest_kvoffload.measure.context import Recorder, Servers
 from pytest_kvoffload.harness.distributed import merge_runs, worker_records
 from pytest_kvoffload.serve.metrics import histograms, merge_histograms
 from pytest_kvoffload.core.progress import Say, print_line
-from pytest_kvoffload.record.report import OURS
 from pytest_kvoffload.record.run_record import RunWriter
 from pytest_kvoffload.record.results import compute_results
 from pytest_kvoffload.record.run_files import write_run_files
@@ -31,7 +30,8 @@ from pytest_kvoffload.serve.processes import free_port
 from pytest_kvoffload.serve.server_imports import import_problem
 from pytest_kvoffload.serve.server import ServerPool, VllmServer
 from pytest_kvoffload.core.settings import Settings
-from pytest_kvoffload.measure.prefill_speed import PrefillSpeed, lengths_within, measure_prefill
+from pytest_kvoffload.measure.grid_lengths import GridLengths
+from pytest_kvoffload.measure.prefill_speed import PrefillSpeed, measure_prefill
 from pytest_kvoffload.analysis.cell_stats import cell_table
 
 
@@ -60,18 +60,17 @@ class KVSession:
         self.controller = controller
         # Part of every prompt's key, so a rerun against a long-lived server cannot hit last run's cache.
         self.salt = self.run_id
-        # An A/B run keeps its two servers up together (on a GPU each with half the memory, serve/backends.py).
+        # An A/B run keeps its two servers up together (on a GPU each with half the memory, serve/command_line.py).
         self.pool = ServerPool(max_running=2 if settings.ab or not machine.has_cuda() else 1,
                                before_stop=self.keep_histograms)
         # Ours stays up while the other backends' cells run, so that each one's close calls (suites/test_ttft.py)
         # are settled right after its cells on the two servers that measured them, with no restart of either.
-        self.pool.keep = frozenset({OURS})
+        self.pool.keep = frozenset({registry.ours()} - {None})
         self._writer: RunWriter | None = None
-        # Each backend's prefill speed, measured at its server's start (measure/prefill_speed.py), and the grid's lengths
-        # that fit the prefill budget, decided once from the first server measured so every backend
-        # runs the same grid.
+        # Each backend's prefill speed, measured at its server's start (measure/prefill_speed.py), and the grid's
+        # lengths, decided from the first one (measure/grid_lengths.py).
         self.speeds: dict[str, PrefillSpeed] = {}
-        self._lengths: tuple[int, ...] | None = None
+        self.grid = GridLengths(settings)
         # Seconds by phase (server start-ups, warm-ups, each test file), printed at the end of the run.
         self.phases: dict[str, float] = {}
         # Each server start-up's seconds: the next one's progress line, and a fresh salt per start.
@@ -113,7 +112,7 @@ class KVSession:
             for name in self.settings.backends:
                 backend = self.registry.get(name)
                 note = backend.platform_note()
-                self._writer.set_backend(name, "selected", description=backend.description,
+                self._writer.set_backend(name, "selected", description=backend.description, role=backend.role,
                                          **({"platform_note": note} if note else {}))
         return self._writer
 
@@ -144,6 +143,7 @@ class KVSession:
             if backend.reset_tier is not None:
                 backend.reset_tier(context)  # a tier that survives resets starts empty
             launch = server_launch(backend, context, port)
+            tier_files[:] = [launch.tier_folders, launch.direct_io]
             if self.devices is not None:
                 launch.env["CUDA_VISIBLE_DEVICES"] = self.devices
             logs = self.run_dir() / "logs"
@@ -154,6 +154,7 @@ class KVSession:
             return VllmServer(backend.name, launch.argv, launch.env, port, logs / f"{backend.name}.log",
                               self.settings.model.name, companion)
 
+        tier_files: list = []  # the started server's tier folders and O_DIRECT request (its backend's declaration)
         started = not self.pool.has(backend.name)
         if started:
             served_by = self.stop_if_unsupported(backend)
@@ -169,31 +170,40 @@ class KVSession:
             server.release = served_by[0]
             self.start_seconds.append(time.monotonic() - clock)
             self.starts.append((backend.name, self.start_seconds[-1]))
-            self.run_record().set("server_starts", [{"server": n, "seconds": round(t, 1)} for n, t in self.starts])
             self.add_phase("server start-ups", self.start_seconds[-1])
-            info = {"argv": server.argv, "log": str(server.log_path), "user_facing": backend.user_facing,
-                    "vllm": served_by[1], "verification": served_by[0].verification}
-            # The tier folders and their I/O mode are on vLLM's command line, or on its companion's.
-            command_lines = server.argv
-            if server.companion is not None:
-                info["companion"] = {"name": server.companion.spec.name, "argv": server.companion.spec.argv,
-                                     "log": str(server.companion.log_path)}
-                command_lines = server.argv + server.companion.spec.argv
-            if backend.started_facts is not None:
-                info.update(backend.started_facts(server.log_path))
-            if backend.python:
-                info.update(python=backend.python, versions=interpreter_versions(backend.python))
-            folders = page_cache.tier_folders(command_lines)
-            if folders:
-                mode = page_cache.io_mode(folders[-1], page_cache.configured_direct(command_lines))
-                self.tier_io[backend.name] = (folders, mode)
-                info["tier_io"] = {"folders": [str(f) for f in folders], "mode": mode,
-                                   "page_cache": self.settings.page_cache if mode == "buffered" else "not used"}
-            self.run_record().set_backend(backend.name, "running", **info)
-            clock = time.monotonic()
-            self.measure_speed(backend.name, server)
-            self.add_phase("warm-ups and prefill-speed probes", time.monotonic() - clock)
+            self.record_start(backend, server, served_by, tier_files)
         return server
+
+    def record_start(self, backend: Backend, server: VllmServer, served_by, tier_files: list) -> None:
+        """A started server as one fact in the run record: its command line, release, tier folders, prefill
+        speed (the first one's fixes the grid's lengths) and the run's start-ups so far, written once."""
+        info = {"argv": server.argv, "log": str(server.log_path), "user_facing": backend.user_facing,
+                "role": backend.role,
+                "vllm": served_by[1], "verification": served_by[0].verification}
+        if server.companion is not None:
+            info["companion"] = {"name": server.companion.spec.name, "argv": server.companion.spec.argv,
+                                 "log": str(server.companion.log_path)}
+        if backend.started_facts is not None:
+            info.update(backend.started_facts(server.log_path))
+        if backend.python:
+            info.update(python=backend.python, versions=interpreter_versions(backend.python))
+        folders, direct = tier_files or [(), True]
+        folders = list(folders)
+        if folders:
+            mode = page_cache.io_mode(folders[-1], direct)
+            self.tier_io[backend.name] = (folders, mode)
+            info["tier_io"] = {"folders": [str(f) for f in folders], "mode": mode,
+                               "page_cache": self.settings.page_cache if mode == "buffered" else "not used"}
+        clock = time.monotonic()
+        try:
+            info["prefill"] = self.measure_speed(backend.name, server).to_dict()
+        except Exception as exc:  # the record keeps what the start found, and why the warm-up failed
+            self.run_record().set_backend(backend.name, "failed", str(exc).splitlines()[0] if str(exc) else
+                                          type(exc).__name__, **info)
+            raise
+        self.add_phase("warm-ups and prefill-speed probes", time.monotonic() - clock)
+        self.run_record().started(backend.name, info, [{"server": n, "seconds": round(t, 1)} for n, t in self.starts],
+                                  list(self.grid.lengths))
 
     def stop_if_unsupported(self, backend: Backend):
         """Before a server: its vLLM is inside the declared range, or the run stops in one line."""
@@ -234,26 +244,19 @@ class KVSession:
         # Fresh prompts for every start: a restarted server's tier may still hold the last start's.
         speed = measure_prefill(endpoint, max(self.lengths), s.max_model_len, s.max_prefill_s,
                                 f"{self.salt}|{name}|start{len(self.start_seconds)}", s.model.vocab_size,
-                                curve=self._lengths is None)
+                                curve=self.grid.decided is None)
         self.speeds[name] = speed
-        record = self.run_record()
-        record.set_backend(name, record.backend(name)["status"], prefill=speed.to_dict())
         self.progress(f"{name}: warmed up; {speed.describe()} ({s.dtype})")
-        if self._lengths is None:
-            self._lengths = s.lengths if s.lengths_given else lengths_within(s.lengths, speed, s.max_prefill_s)
-            self.run_record().set("lengths", list(self._lengths))
-            dropped = [n for n in s.lengths if n not in self._lengths]
-            if dropped:
-                self.progress(f"lengths {', '.join(map(str, dropped))} left out: their cold prefill is predicted "
-                              f"above the {s.max_prefill_s:g} s budget on this machine ("
-                              + ", ".join(f"{n}: {speed.predict(n):.1f} s" for n in dropped)
-                              + "); --kv-lengths keeps them, --kv-max-prefill changes the budget")
+        if self.grid.decided is None:
+            left_out = self.grid.decide(speed)
+            if left_out:
+                self.progress(left_out)
         return speed
 
     @property
     def lengths(self) -> tuple[int, ...]:
-        """The grid's lengths: --kv-lengths, or the defaults that fit the prefill budget once measured."""
-        return self._lengths if self._lengths is not None else self.settings.lengths
+        """The grid's lengths (measure/grid_lengths.py)."""
+        return self.grid.lengths
 
     def keep_histograms(self, name: str, server: VllmServer) -> None:
         """A server's load and save histograms (connector/counters.py), read just before it stops, added to

@@ -11,7 +11,7 @@ from typing import Callable
 
 from pytest_kvoffload.core.progress import Say, print_line
 from pytest_kvoffload.core.settings import Settings
-from pytest_kvoffload.serve.backends import Backend
+from pytest_kvoffload.serve.backend import Backend
 from pytest_kvoffload.serve.client import Endpoint
 
 

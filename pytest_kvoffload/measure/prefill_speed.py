@@ -96,14 +96,3 @@ def measure_prefill(endpoint: Endpoint, longest: int, max_model_len: int, budget
         if budget_s is not None and seconds > budget_s:
             break
     return speed
-
-
-def lengths_within(lengths: tuple[int, ...], speed: PrefillSpeed, budget_s: float | None,
-                   keep_at_least: int = 3) -> tuple[int, ...]:
-    """The grid's lengths whose predicted cold prefill fits the budget; the shortest `keep_at_least`
-    stay whatever they cost (the recompute fit needs three lengths)."""
-    if budget_s is None:
-        return lengths
-    ordered = sorted(lengths)
-    kept = [n for n in ordered if speed.predict(n) <= budget_s]
-    return tuple(ordered[:max(len(kept), min(keep_at_least, len(ordered)))])

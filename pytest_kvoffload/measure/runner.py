@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from pytest_kvoffload.core.vllm_releases import DEFAULT
-from pytest_kvoffload.serve.backends import Backend
+from pytest_kvoffload.serve.backend import Backend
 from pytest_kvoffload.measure.cells import Cell, Expectation, expectation
 from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.serve.client import (Endpoint, RequestResult, attach_sources, measure, poll_metrics,

@@ -14,6 +14,7 @@ from pytest_kvoffload.traces.prefix_trees import SLICE_DRAWS, reuse_share, slice
 from pytest_kvoffload.planner.plan_tables import (break_even_table, config_table, curve_rows, curve_table, write_curve_png)
 from pytest_kvoffload.core.whole_files import atomic_write_json
 from pytest_kvoffload.traces.read import FORMATS, Scaling, TraceError, read_trace, select
+from pytest_kvoffload.planner.simulate import BASELINE
 
 H100_PEAK_TFLOPS = 989.0
 
@@ -98,7 +99,7 @@ def run_plan(args) -> int:
 
 
 def plan_record(args, trace, requests, whole, reuse: dict, profile: Profile, result: dict, rows: list) -> dict:
-    baseline = result["configs"]["gpu-only"]
+    baseline = result["configs"][BASELINE]
     return {
         "schema": "pytest-kvoffload/plan", "schema_version": 1,
         "trace": str(trace.path), "format": trace.format, "requests": len(requests), "trace_requests": len(whole),

@@ -8,6 +8,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 from pytest_kvoffload.planner.simulate import TIERS, Profile, above_break_even, break_even_prefix_tokens, summarize
+from pytest_kvoffload.planner.simulate import BASELINE
 
 
 def _pct(x: float) -> str:
@@ -20,23 +21,23 @@ def _ms(seconds: float) -> str:
 
 def config_table(result: dict) -> str:
     configs = result["configs"]
-    baseline = configs["gpu-only"]
+    baseline = configs[BASELINE]
     rows = []
     for name, served in configs.items():
         s = summarize(served, baseline)
         tier_req = ", ".join(f"{t} {_pct(s['tier_requests'][t])}" for t in TIERS if s["tier_requests"][t]) or "-"
         tier_tok = ", ".join(f"{t} {_pct(s['tier_tokens'][t])}" for t in TIERS if s["tier_tokens"][t]) or "-"
         rows.append([name, _pct(s["engine_requests"]), tier_req, _pct(s["engine_tokens"]), tier_tok,
-                     _pct(s["paying_share"]) if name != "gpu-only" else "-",
+                     _pct(s["paying_share"]) if name != BASELINE else "-",
                      _ms(s["ttft"][50]), _ms(s["ttft"][90]), _ms(s["ttft"][99]), _ms(s["mean_ttft"]),
                      f"{s['vs_gpu_only']:.3f}x"])
     return tabulate(rows, headers=["configuration", "engine hits (req)", "tier hits (req)", "engine tokens",
                                    "tier tokens", "tier finds that pay", "TTFT p50 ms", "p90 ms", "p99 ms",
-                                   "mean ms", "mean vs gpu-only"], disable_numparse=True)
+                                   "mean ms", f"mean vs {BASELINE}"], disable_numparse=True)
 
 
 def break_even_table(result: dict, profile: Profile) -> str:
-    baseline = result["configs"]["gpu-only"]
+    baseline = result["configs"][BASELINE]
     rows = []
     for tier in (t for t in TIERS if t in profile.tiers):
         p_star = break_even_prefix_tokens(profile, tier)
@@ -49,7 +50,7 @@ def break_even_table(result: dict, profile: Profile) -> str:
 
 def curve_rows(result: dict, profile: Profile, block_size: int) -> list[list]:
     rows = []
-    baseline = result["configs"]["gpu-only"]
+    baseline = result["configs"][BASELINE]
     base_mean = sum(s.ttft_s for s in baseline) / len(baseline)
     prompt_tokens = sum(s.prompt for s in baseline)
     for tier, runs in result["curve"].items():
@@ -63,7 +64,7 @@ def curve_rows(result: dict, profile: Profile, block_size: int) -> list[list]:
 
 def curve_table(rows: list[list]) -> str:
     return tabulate([[t, f"{c / 1e9:,.3g} GB", _pct(share), _pct(gain)] for t, c, share, gain in rows],
-                    headers=["tier", "capacity", "prompt tokens served by the tier", "mean TTFT gain vs gpu-only"],
+                    headers=["tier", "capacity", "prompt tokens served by the tier", f"mean TTFT gain vs {BASELINE}"],
                     disable_numparse=True)
 
 
@@ -79,7 +80,7 @@ def write_curve_png(rows: list[list], path: Path, title: str) -> bool:
         points = [(c / 1e9, share * 100, gain * 100) for t, c, share, gain in rows if t == tier]
         served_axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=tier)
         gain_axes.plot([p[0] for p in points], [p[2] for p in points], marker="o", label=tier)
-    for axes, label in ((served_axes, "prompt tokens served by the tier, %"), (gain_axes, "mean TTFT gain vs gpu-only, %")):
+    for axes, label in ((served_axes, "prompt tokens served by the tier, %"), (gain_axes, f"mean TTFT gain vs {BASELINE}, %")):
         axes.set_xscale("log")
         axes.set_xlabel("tier capacity, GB")
         axes.set_ylabel(label)

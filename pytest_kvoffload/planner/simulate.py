@@ -26,6 +26,8 @@ from pytest_kvoffload.core.costs import RecomputeFit
 from pytest_kvoffload.core.first_order import prefill_seconds
 from pytest_kvoffload.traces.prefix_trees import block_keys, leading
 from pytest_kvoffload.traces.read import Scaling, TraceRequest
+# The configuration without a tier, named as the backend it models (every gain is against it).
+from pytest_kvoffload.serve.builtin.gpu_only import NAME as BASELINE
 
 TIERS = ("host", "disk")  # lookup order: the faster tier first
 
@@ -226,7 +228,7 @@ class Sizes:
 
 def configurations(profile: Profile) -> list[tuple[str, tuple[str, ...]]]:
     names = [t for t in TIERS if t in profile.tiers]
-    configs = [("gpu-only", ())] + [(f"+{t}", (t,)) for t in names]
+    configs = [(BASELINE, ())] + [(f"+{t}", (t,)) for t in names]
     if len(names) == 2:
         configs.append(("+host+disk", tuple(names)))
     return configs

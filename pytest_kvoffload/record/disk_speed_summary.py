@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 # The disk-speed suite's benchmark name (suites/test_disk_speed.py).
-DISK_SPEED = "kvoffload-disk speed"
+DISK_SPEED = "disk speed"
+
+
+def is_disk_speed(name: str) -> bool:
+    """Whether a benchmark is the disk-speed suite's (runs before 2026-12-06 named it after the backend)."""
+    return name == DISK_SPEED or name.endswith("-disk speed")
+
+
+def disk_speed_of(run: dict) -> tuple[str, dict] | None:
+    """The run's disk-speed benchmark, with its name, or None."""
+    return next(((n, b) for n, b in (run.get("benchmarks") or {}).items() if is_disk_speed(n)), None)
 
 
 def disk_speed_text(bench: dict) -> str:
@@ -16,4 +26,4 @@ def disk_speed_text(bench: dict) -> str:
             f"{probe.get('read_gbps', 0):.2f}, writes {probe.get('write_gbps', 0):.2f} GB/s"
             if bench.get("delivered_read_gbps") else (text[0] if text else "-"))
     return "\n".join([head, *against[:1], "(per-chunk waits, scheduler delays, the store alone and the drive in "
-                                           "bursts: run.json, benchmarks[\"kvoffload-disk speed\"])"])
+                                           f"bursts: run.json, benchmarks[\"{DISK_SPEED}\"])"])

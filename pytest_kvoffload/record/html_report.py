@@ -11,7 +11,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 
 from pytest_kvoffload.core.tolerances import GATE_P90_ROUNDS
 from pytest_kvoffload.record import page_plots
-from pytest_kvoffload.record.compare import Comparison
+from pytest_kvoffload.analysis.run_gate import Comparison
 from pytest_kvoffload.record.report import side_by_side_rows
 from pytest_kvoffload.record.verdict_block import verdict_lines
 from pytest_kvoffload.analysis.outcome import MET, MISSED, UNDECIDED

@@ -7,7 +7,8 @@ from collections import defaultdict
 
 from tabulate import tabulate
 
-from pytest_kvoffload.record.disk_speed_summary import DISK_SPEED, disk_speed_text
+from pytest_kvoffload.record.disk_speed_summary import disk_speed_text, is_disk_speed
+from pytest_kvoffload.record import roles
 
 from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.analysis.cell_stats import quantile
@@ -99,7 +100,7 @@ def render(run: dict) -> str:
         lines.append("")
     for name, bench in (run.get("benchmarks") or {}).items():
         lines.append(f"{name}:")
-        lines.append(disk_speed_text(bench) if name == DISK_SPEED else bench.get("text", ""))
+        lines.append(disk_speed_text(bench) if is_disk_speed(name) else bench.get("text", ""))
         lines.append("")
     status = run.get("status")
     lines.append(f"run {run.get('run_id')}: {status}")
@@ -113,16 +114,18 @@ TRANSFERS = (("kvoffload:load_duration_seconds", "load time", 1e3, "ms"),
              ("kvoffload:save_size_bytes", "save size (per step)", 1e-6, "MB"))
 
 
-OURS = "kvoffload-disk"
 # Where the interleaved rounds that settle the table's close calls keep their figures (suite_machinery/ttft.py).
 CLOSE_CALLS = "side by side, close calls"
 
 
-def side_by_side_rows(run: dict, ours: str = OURS) -> list[dict]:
+def side_by_side_rows(run: dict, ours: str | None = None) -> list[dict]:
     """Our connector against every other user-facing tier backend of the run on the same tier-hit cells:
     the p50 ratio, the cached tokens of each, and each one's end-to-end rate in MB/s (bytes from the tier
     over the tier hit's TTFT), and the target's verdict. A cell whose target the grid's rounds could not tell
     (a close call) is judged by the interleaved rounds that settled it, where the run has them."""
+    ours = ours or roles.ours(run)
+    if ours is None:
+        return []
     cells = run.get("cells") or []
     backends = run.get("backends") or {}
     key = {(c["backend"], c["length"], c["fraction"], c["state"]): c for c in cells}
@@ -156,8 +159,9 @@ def side_by_side_rows(run: dict, ours: str = OURS) -> list[dict]:
     return rows
 
 
-def side_by_side_lines(run: dict, ours: str = OURS) -> list[str]:
+def side_by_side_lines(run: dict, ours: str | None = None) -> list[str]:
     """side_by_side_rows as the summary's table."""
+    ours = ours or roles.ours(run)
     rows = [[r["other"], r["length"], r["cached"], r["ours"], r["theirs"], f"{r['ratio']:.2f}x", r["tokens"],
              r["ours_rate"], r["theirs_rate"], r["target"]] for r in side_by_side_rows(run, ours)]
     if not rows:

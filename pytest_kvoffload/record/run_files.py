@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pytest_kvoffload.core.calibration import build_calibration, write_calibration
 from pytest_kvoffload.record.plots import write_all
+from pytest_kvoffload.record.roles import ours
 from pytest_kvoffload.core.progress import Say
 from pytest_kvoffload.record.run_record import write_cells_csv
 from pytest_kvoffload.record.html_report import write_run_page
@@ -15,7 +16,7 @@ from pytest_kvoffload.core.settings import Settings
 
 
 def write_run_files(run: dict, settings: Settings, run_dir: Path, progress: Say) -> None:
-    calibration = build_calibration(run.get("analysis") or {}, settings, run["environment"])
+    calibration = build_calibration(run.get("analysis") or {}, settings, run["environment"], connector_tier=ours(run))
     if calibration["tiers"]:
         write_calibration(run_dir / "calibration.json", calibration)
     write_cells_csv(run_dir / "cells.csv", run.get("cells") or [])

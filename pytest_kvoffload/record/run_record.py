@@ -86,6 +86,14 @@ class RunWriter:
         entry.update({"status": status, "reason": reason, **info})
         self.flush()
 
+    def started(self, name: str, info: dict, server_starts: list[dict], lengths: list[int]) -> None:
+        """A started server, written once: its backend's entry running with what the start found, the
+        run's start-ups so far and the grid's lengths."""
+        self.data["backends"].setdefault(name, {}).update({"status": "running", "reason": "", **info})
+        self.data["server_starts"] = server_starts
+        self.data["lengths"] = lengths
+        self.flush()
+
     def add_measurement(self, record: dict) -> None:
         self.data["measurements"].append(record)
         self.flush()

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_kvoffload.record.disk_speed_summary import DISK_SPEED
+from pytest_kvoffload.record.disk_speed_summary import disk_speed_of
+from pytest_kvoffload.record import roles
 from pytest_kvoffload.record.report import CLOSE_CALLS, side_by_side_rows
 from pytest_kvoffload.analysis.outcome import MET, MISSED, UNDECIDED
 
@@ -123,14 +124,15 @@ def equal_engines(run: dict) -> list[VerdictLine]:
 
 
 def disk_speed(run: dict) -> list[VerdictLine]:
-    data = (run.get("benchmarks") or {}).get(DISK_SPEED)
-    if not data or not data.get("delivered_read_gbps"):
+    found = disk_speed_of(run)
+    if not found or not found[1].get("delivered_read_gbps"):
         return []
+    name, data = found
     probe = data.get("probe") or {}
     figure = (f"loads {data['delivered_read_gbps']:.2f} GB/s, saves {data.get('delivered_write_gbps') or 0:.2f} "
               f"GB/s; the drive {probe.get('read_gbps', 0):.2f} / {probe.get('write_gbps', 0):.2f} GB/s "
               "(probe, O_DIRECT)")
-    return [VerdictLine(FIGURE, "kvoffload-disk speed", figure, "kvoffload-disk speed; run.json")]
+    return [VerdictLine(FIGURE, name, figure, f"{name}; run.json")]
 
 
 def close_calls_left(run: dict) -> list[VerdictLine]:
@@ -158,7 +160,8 @@ def replay_lines(run: dict) -> list[VerdictLine]:
         outcome = (FIGURE if verdict.startswith("offload played no part") else
                    UNDECIDED if verdict.startswith("undecided") or "too few" in verdict else
                    MISSED if ": cost you" in verdict else MET)  # a caveat may follow (suite_machinery/trace_replay.py)
-        lines.append(VerdictLine(outcome, f"replay {name} against gpu-only", verdict, "trace replay"))
+        lines.append(VerdictLine(outcome, f"replay {name} against {roles.baseline(run) or 'recompute'}", verdict,
+                                 "trace replay"))
     return lines
 
 

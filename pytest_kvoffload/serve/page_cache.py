@@ -5,13 +5,13 @@ drive. A buffered one (LMCache's fs adapter by default, vLLM's fs tier on overla
 may be served from the page cache, where a "disk hit" is a memory copy. For those the harness drops the
 tier's files from the page cache before each tier-only round (posix_fadvise DONTNEED, no privileges) and
 records what was resident before and after (mincore), so a round is a disk read by proof, not by hope.
-One helper for every disk backend: the folders come from the server's own command line.
+One helper for every disk backend: the folders and the O_DIRECT request are what the backend declares
+(serve/backend.py ServerSpec.tier_folders, direct_io).
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import mmap
 import os
 from pathlib import Path
@@ -19,52 +19,6 @@ from pathlib import Path
 from pytest_kvoffload.core import machine
 
 PAGE = mmap.PAGESIZE
-
-
-def _connector_extra(argv: list[str]) -> dict:
-    """The kv_connector_extra_config of a vLLM command line ({} without a connector)."""
-    try:
-        config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
-    except (ValueError, IndexError):  # no such flag, or not JSON (json.JSONDecodeError is a ValueError)
-        return {}
-    return config.get("kv_connector_extra_config") or {}
-
-
-def _fs_adapters(argv: list[str]) -> list[dict]:
-    """The fs L2 adapters an LMCache server's command line configures (--l2-adapter JSON, repeatable)."""
-    adapters = []
-    for i, arg in enumerate(argv[:-1]):
-        if arg == "--l2-adapter":
-            try:
-                adapter = json.loads(argv[i + 1])
-            except ValueError:
-                continue
-            if isinstance(adapter, dict) and adapter.get("type") == "fs" and adapter.get("base_path"):
-                adapters.append(adapter)
-    return adapters
-
-
-def tier_folders(argv: list[str]) -> list[Path]:
-    """The disk-tier folders a command line configures: our connector's store_dir and vLLM's fs tiers'
-    root_dir on vLLM's, an LMCache server's fs adapters' base_path on its own (pass both, joined)."""
-    extra = _connector_extra(argv)
-    folders = [Path(extra["store_dir"])] if extra.get("store_dir") else []
-    folders += [Path(tier["root_dir"]) for tier in extra.get("secondary_tiers") or []
-                if tier.get("type") == "fs" and tier.get("root_dir")]
-    folders += [Path(adapter["base_path"]) for adapter in _fs_adapters(argv)]
-    return folders
-
-
-def _on(value) -> bool:
-    return str(value).lower() not in ("false", "0", "no", "off")
-
-
-def configured_direct(argv: list[str]) -> bool:
-    """False where the command line turns O_DIRECT off (our connector's direct_io=false) or leaves it off
-    (an LMCache fs adapter without use_odirect: buffered is its default)."""
-    extra = _connector_extra(argv)
-    adapters = _fs_adapters(argv)
-    return _on(extra.get("direct_io", True)) and all(_on(a.get("use_odirect", False)) for a in adapters)
 
 
 def direct_io_works(folder: Path) -> bool:

@@ -61,6 +61,11 @@ def llama_shapes(config: dict) -> dict[str, tuple[int, ...]]:
 def with_random_weights(model: ModelInfo, seed: int = 0, root: Path | None = None, on_gpu: bool = False) -> ModelInfo:
     """`model` served from a folder holding its config and seeded random weights (made on first use). On a
     GPU they are drawn there and kept in bf16 (half the bytes; the served dtype on a GPU is the model's)."""
+    return write_planned(random_weights_plan(model, seed, root, on_gpu), on_gpu)
+
+
+def random_weights_plan(model: ModelInfo, seed: int = 0, root: Path | None = None, on_gpu: bool = False) -> ModelInfo:
+    """The model as it will be served with seeded random weights: their folder, nothing written yet."""
     if model.config.get("model_type") != "llama":
         raise ModelError(f"--kv-weights random: only Llama-architecture configs are supported, not "
                          f"{model.config.get('model_type')!r} ({model.name}); use --kv-weights dummy")
@@ -69,9 +74,14 @@ def with_random_weights(model: ModelInfo, seed: int = 0, root: Path | None = Non
     digest = hashlib.blake2b(json.dumps(model.config, sort_keys=True).encode(), digest_size=6).hexdigest()
     kind = "-bf16" if on_gpu else ""
     folder = (root or cache_dir()) / "models" / f"{model.name}-random{seed}{kind}-{digest}"
-    if not (folder / WEIGHTS_FILE).is_file():
-        _write(model, folder, seed, on_gpu)
-    return ModelInfo(name=model.name, path=folder.resolve(), config=model.config)
+    return ModelInfo(name=model.name, path=folder.resolve(), config=model.config, weights_seed=seed)
+
+
+def write_planned(model: ModelInfo, on_gpu: bool = False) -> ModelInfo:
+    """Write the weights a plan names (random_weights_plan), unless written before; OSError where it cannot."""
+    if model.weights_seed is not None and not (model.path / WEIGHTS_FILE).is_file():
+        _write(model, model.path, model.weights_seed, on_gpu)
+    return model
 
 
 def _write(model: ModelInfo, folder: Path, seed: int, on_gpu: bool = False) -> None:

@@ -31,7 +31,8 @@ from pytest_kvoffload.measure.runner import CellRunner, first_difference, recomp
 from pytest_kvoffload.analysis.paired import CAP, FLOOR, interval
 from pytest_kvoffload.core.progress import Tracker
 from pytest_kvoffload.measure.context import Recorder, Servers
-from pytest_kvoffload.serve.backends import Backend, server_release
+from pytest_kvoffload.serve.backend import Backend
+from pytest_kvoffload.serve.command_line import server_release
 from pytest_kvoffload.serve.server import settle
 
 # Fewer rounds than this cannot give a two-sided 95% interval (paired.interval).

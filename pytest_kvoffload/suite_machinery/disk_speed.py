@@ -54,6 +54,7 @@ from pytest_kvoffload.drive.probe import probe_disk, probe_disk_bursts, probe_st
 from pytest_kvoffload.drive.worker_probe import probe_worker_bursts
 from pytest_kvoffload.measure.prompts import expected_cached, make_prompt
 from pytest_kvoffload.serve.client import Endpoint, measure
+from pytest_kvoffload.serve.builtin.kvoffload_disk import NAME as OURS
 
 TOTALS = ("bytes_read", "useful_bytes_read", "bytes_written", "useful_bytes_written", "load_wall_seconds",
           "save_wall_seconds", "load_seconds", "save_seconds", "save_copy_seconds", "save_wait_seconds", "save_first_wait_seconds", "save_batches", "chunks_read", "chunks_written",
@@ -137,7 +138,7 @@ class DiskSpeed:
         self.drive_beside = DriveBeside(self.store, self.chunk_file, self.threads)
         self.rounds_started = time.monotonic()
         last = self.start
-        tracker = Tracker(self.progress, "disk speed on kvoffload-disk", len(self.lengths) * kv_settings.rounds,
+        tracker = Tracker(self.progress, f"disk speed on {OURS}", len(self.lengths) * kv_settings.rounds,
                           "lengths x rounds", total_work=sum(self.lengths) * kv_settings.rounds)
         for length in self.lengths:
             times = {"cold": [], "device": [], "disk": []}

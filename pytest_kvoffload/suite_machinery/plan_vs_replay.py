@@ -11,12 +11,13 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_kvoffload.core.costs import RecomputeFit
-from pytest_kvoffload.serve.backends import Backend
+from pytest_kvoffload.serve.backend import Backend
 from pytest_kvoffload.serve.client import Endpoint, measure
 from pytest_kvoffload.measure.runner import leave_in_tier_only
 from pytest_kvoffload.planner.simulate import Profile, Served, Tier, simulate
 from pytest_kvoffload.core.progress import Tracker
 from pytest_kvoffload.traces.selection import ReplayPlan
+from pytest_kvoffload.planner.simulate import BASELINE
 
 # The share of requests whose cache sources the plan must get right, and the TTFT error it aims at.
 SOURCE_AGREEMENT = 0.95
@@ -86,7 +87,7 @@ def plan_slice(plan: ReplayPlan, profile: Profile, block_size: int, admission: b
     """The planner on the replayed slice, in the configuration of the backend: its tier if it has one."""
     result = simulate(plan.requests(), plan.trace.format, plan.scaling, profile, block_size, admission=admission,
                       warm=warm)
-    config = "+" + next(iter(profile.tiers)) if profile.tiers else "gpu-only"
+    config = "+" + next(iter(profile.tiers)) if profile.tiers else BASELINE
     return result["configs"][config]
 
 

@@ -19,14 +19,15 @@ from dataclasses import dataclass
 import numpy as np
 from tabulate import tabulate
 
-from pytest_kvoffload.serve.backends import Backend
+from pytest_kvoffload.serve.backend import Backend
 from pytest_kvoffload.serve.client import Endpoint, RequestError, stream_completion
-from pytest_kvoffload.serve.lmcache import CHUNK_TOKENS, L2_LOADED_CHUNKS
+from pytest_kvoffload.serve.builtin.lmcache_disk import CHUNK_TOKENS, L2_LOADED_CHUNKS
 from pytest_kvoffload.serve.metrics import OFFLOAD_LOADED_BYTES
 from pytest_kvoffload.analysis.paired import FLOOR, interval
 from pytest_kvoffload.measure.runner import leave_in_tier_only
 from pytest_kvoffload.core.progress import Tracker
 from pytest_kvoffload.traces.selection import ReplayItem
+from pytest_kvoffload.serve.builtin.gpu_only import NAME as BASELINE
 
 
 @dataclass
@@ -178,9 +179,9 @@ def offload_verdict(base: dict, r: dict) -> str:
     low, high = pv["interval"]
     spread = f"95% {low:.2f} to {high:.2f}" if low is not None and high is not None else "too few requests for an interval"
     if pv is every:
-        text = f"median request {pv['median_ratio']:.2f}x gpu-only ({spread}, {pv['pairs']} requests)"
+        text = f"median request {pv['median_ratio']:.2f}x {BASELINE} ({spread}, {pv['pairs']} requests)"
     else:
-        text = f"tier-served requests ({pv['pairs']} of {len(mask)}): median {pv['median_ratio']:.2f}x gpu-only ({spread})"
+        text = f"tier-served requests ({pv['pairs']} of {len(mask)}): median {pv['median_ratio']:.2f}x {BASELINE} ({spread})"
     served = tier_served(base, r)
     caveat = (f" (the tier served only {served:.0%} of requests: a figure of the engines more than of offload)"
               if served is not None and served < FEW_TIER_REQUESTS else "")
@@ -234,17 +235,17 @@ def replay_result(runs: list, p_star: float | None, shared: list[int], kv_bytes_
 
 def offload_verdicts(results: dict) -> dict[str, str]:
     """Each backend's offload column against gpu-only (run.json keeps it for the run's verdict block)."""
-    base = results.get("gpu-only")
-    return {name: offload_verdict(base, r) for name, r in results.items() if base and name != "gpu-only"}
+    base = results.get(BASELINE)
+    return {name: offload_verdict(base, r) for name, r in results.items() if base and name != BASELINE}
 
 
 def replay_table(results: dict) -> str:
     """One row per backend: TTFT from the send and from arrival, hit ratios, bytes, admission, verdict."""
     rows = []
-    base = results.get("gpu-only")
+    base = results.get(BASELINE)
     for name, r in results.items():
-        verdict = offload_verdict(base, r) if base and name != "gpu-only" else "-"
-        served = tier_served(base, r) if name != "gpu-only" else None
+        verdict = offload_verdict(base, r) if base and name != BASELINE else "-"
+        served = tier_served(base, r) if name != BASELINE else None
         rows.append([name, r["requests"], "-" if served is None else f"{served:.0%}", f"{r['ttft_p50_s'] * 1e3:,.0f}", f"{r['ttft_p90_s'] * 1e3:,.0f}",
                      f"{r['ttft_p99_s'] * 1e3:,.0f}",
                      f"{r['arrival_p50_s'] * 1e3:,.0f} / {r['arrival_p99_s'] * 1e3:,.0f}",

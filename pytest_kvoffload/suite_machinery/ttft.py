@@ -1,18 +1,13 @@
 """The side-by-side table's close calls, settled with interleaved rounds.
 
-The grid measures one backend's cells, then the next backend's, minutes apart. On the 2-core VM the same
-cell against the same tier moved from run to run by more than the target's 5%: kvoffload-disk's 4,096 x 0.5
-tier hit read 1.00x, 0.98x, 1.03x and 1.07x native-disk's in four make benches, and its engine hits (no tier
-involved) were 3 to 5% slower than native-disk's in three of them. Eight rounds of that cell interleaved on both
-servers read 0.96 (95% interval 0.88 to 1.01; docs/notes/2026-12-02-close-calls.md). So where the grid's rounds
+The grid measures one backend's cells, then the next backend's, minutes apart, and the same cell against the
+same tier moves from run to run by more than the target's 5% (docs/notes/2026-12-02-close-calls.md). So where the grid's rounds
 cannot tell whether ours meets its target, the two are measured again side by side in time: each round runs
 the cell on both servers, the order alternating, and the target is judged per round, against a bound drawn
 from that round's other tier (analysis/tier_target.py). A cell is a close call where the range of ours' rounds
 overlaps the range of the bounds drawn from theirs, or where ours' p50 sits nearer its bound than the two
 servers' engine hits at that cell differ: those involve no tier, so their difference is what measuring the two
-minutes apart moved. b31: ours' 4,096 x 0.5 tier hit sat 3.7% above native-disk's bound, clear of its rounds'
-range, while ours' engine hit there was 5.6% slower than native-disk's and the equal-engines check, interleaved,
-read the two engines within 2%. Cells clear of both keep the grid's verdict.
+minutes apart moved. Cells clear of both keep the grid's verdict.
 """
 
 from __future__ import annotations
@@ -31,14 +26,8 @@ from pytest_kvoffload.measure.context import Recorder, Servers
 # 2 cores, most of it waiting out the other server's busy-poll), and the median of 5 ratios is not moved by
 # one round's stall.
 ROUNDS = 5
-# Close calls settled per run, nearest the bound first. make benches had 1, 2, 4 and 6 (of 16 rows); b30's 6,
-# with two restarts on a slow machine, took make bench to 14:41 of its 15 minutes. Since they run beside the
-# grid's own servers (no restart: 491b643) one costs only its rounds, 15 to 29 s on the 2-core EPYC (b47); 4
-# left b47's native-cpu 1,024 x 0.5 and 2,048 x 1 to the grid's p50s, past the 2 that backend's share allowed.
-# 6 left b68's native-disk 512 x 0.5 and 2,048 x 0.5 to the grid's p50s, which missed them by 19% and 4%
-# while ours' engine hits there, no tier involved, were 31% and 19% slower than that server's: a miss of the
-# engines, not of the tiers (docs/notes/2026-12-04-last-read.md). 10 gives each of the two other tiers of a
-# make bench 5 (b68's make bench took 10:43 with 6). Those still left are named in the table (report.py).
+# Close calls settled per run, nearest the bound first: 10 gives each of make bench's two other tiers 5 within
+# its budget (docs/notes/2026-12-04-last-read.md). Those still left are named in the table (report.py).
 MOST = 10
 
 
@@ -99,8 +88,8 @@ def close_calls(cells: list[dict], ours: str, others: list[str], kv_bytes_per_to
 def settle(recorder: Recorder, servers: Servers, ours, other, call: CloseCall, rounds: int = ROUNDS) -> dict:
     """Interleaved rounds of one close call on both servers; the target judged on the median over rounds of
     ours' TTFT over that round's bound (met at 1 or less)."""
-    # Prompts of their own per other tier: ours meets one cell in a close call against each (b33: the second
-    # found the first's prompts stored, 4,096 cached tokens where 2,048 were meant).
+    # Prompts of their own per other tier: ours meets one cell in a close call against each, and the second
+    # must not find the first's prompts stored.
     comparison = ab.compare_cell(recorder, servers, other, ours, call.cell, rounds, purpose=f"close-call-{call.other}")
     of_bound = [mine / bound_s(theirs, call.allowance_s) for theirs, mine in zip(comparison.a_s, comparison.b_s)]
     median = float(np.median(of_bound)) if of_bound else float("nan")
@@ -112,8 +101,7 @@ def settle(recorder: Recorder, servers: Servers, ours, other, call: CloseCall, r
 def grouped(calls: list[CloseCall], running=lambda name: False) -> list[CloseCall]:
     """The calls one other tier at a time: a tier whose server is `running` first, then the others in the order
     of their nearest call. Our server and one other are up at once on a CPU (ServerPool), and calls that
-    alternated between two tiers restarted a server at each switch (b29: 4 restarts, 30 to 36 s each, for 4
-    calls)."""
+    alternated between two tiers restarted a server at each switch."""
     first = {}
     for n, call in enumerate(calls):
         first.setdefault(call.other, n)

@@ -6,7 +6,7 @@ import pytest
 
 import time
 
-from pytest_kvoffload.serve.builtin_backends import kvoffload_store_dir
+from pytest_kvoffload.serve.builtin.kvoffload_disk import kvoffload_store_dir
 from pytest_kvoffload.serve.client import measure, stream_completion
 from pytest_kvoffload.measure.runner import first_difference, recompute
 from pytest_kvoffload.connector.counters import HISTOGRAMS

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pytest_kvoffload.serve.builtin_backends import kvoffload_store_dir
+from pytest_kvoffload.serve.builtin.kvoffload_disk import kvoffload_store_dir
 from pytest_kvoffload.serve.client import measure
 from pytest_kvoffload.measure.prompts import make_prompt
 

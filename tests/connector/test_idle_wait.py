@@ -9,18 +9,19 @@ import torch
 
 from test_index import BLOCK, CHUNK, compute, new_step, prompt, scheduler
 
-from pytest_kvoffload.connector.config import ConnectorConfig
+from pytest_kvoffload.rigged.knobs import split
+from pytest_kvoffload.rigged.rigged_connector import RiggedWorkerSide
 from pytest_kvoffload.connector.metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
-from pytest_kvoffload.connector.worker import WorkerSide
 
 # An emulated access latency: a load of one small chunk takes about this long.
 LATENCY_MS = 300.0
 
 
 def side_with_a_chunk(tmp_path, **extra):
-    config = ConnectorConfig.from_extra({"store_dir": str(tmp_path), "chunk_tokens": CHUNK, "io_threads": 2,
-                                         "read_latency_ms": LATENCY_MS, **extra}, BLOCK)
-    side = WorkerSide(config, "model=test", tmp_path / "rank0", BLOCK)
+    # The latency is the test-only connector's knob (rigged/): its worker is the product's with a read delay.
+    config, rig = split({"store_dir": str(tmp_path), "chunk_tokens": CHUNK, "io_threads": 2,
+                         "read_latency_ms": LATENCY_MS, **extra}, BLOCK)
+    side = RiggedWorkerSide(config, rig, "model=test", tmp_path / "rank0", BLOCK)
     side.register_kv_caches({f"layer{i}": torch.randn(8, 2, BLOCK, 2, 8) for i in range(2)})
     side.wait_for_save(KVOffloadMetadata(saves=[SaveJob("p", f"{1:032x}", [0, 1], 0)]))
     deadline = time.time() + 30

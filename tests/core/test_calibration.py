@@ -23,7 +23,7 @@ def settings():
 def calibration():
     analysis = {"kvoffload-disk": {"recompute": TIER["recompute"], "tier": {**TIER, "points": 4}},
                 "gpu-only": {"recompute": TIER["recompute"], "tier": None}}
-    return build_calibration(analysis, settings(), {"device": "cpu", "vllm": "0.32.0"})
+    return build_calibration(analysis, settings(), {"device": "cpu", "vllm": "0.32.0"}, connector_tier="kvoffload-disk")
 
 
 def test_round_trip(tmp_path):
@@ -32,6 +32,10 @@ def test_round_trip(tmp_path):
     assert data["fingerprint"]["kv_bytes_per_token"] == 4096
     assert list(data["tiers"]) == ["kvoffload-disk"]
     assert tier_entry(data)["bandwidth_gbps"] == 0.025
+    # A file that names no connector tier is a one-line error listing its tiers, not a guess.
+    del data["connector_tier"]
+    with pytest.raises(CalibrationError, match="names no connector_tier .*one of kvoffload-disk"):
+        tier_entry(data)
 
 
 @pytest.mark.parametrize("content,match", [
@@ -204,7 +208,7 @@ def test_a_calibration_from_another_machine_is_refused_naming_the_field(tmp_path
 
 
 def test_a_foreign_calibration_stops_the_run_before_any_server_and_can_be_accepted(tmp_path):
-    from pytest_kvoffload.serve.builtin_backends import default_registry
+    from pytest_kvoffload.serve.builtin import default_registry
     settings_now = build_settings(OptionValues.from_mapping({"kv_results_dir": str(tmp_path)}), default_registry())
     cal = build_calibration({"kvoffload-disk": {"recompute": TIER["recompute"], "tier": {**TIER, "points": 4}}},
                             settings_now, {"device": machine.device_kind()})

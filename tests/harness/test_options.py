@@ -99,8 +99,8 @@ def test_disk_options_are_typed_and_checked():
 
 # ---- every declared option and every connector key has a bad value that ends in one line naming it ----
 
-from pytest_kvoffload.serve.builtin_backends import default_registry  # noqa: E402
-from pytest_kvoffload.connector.config import OPTIONS as CONNECTOR_OPTIONS  # noqa: E402
+from pytest_kvoffload.serve.builtin import default_registry# noqa: E402
+from pytest_kvoffload.connector.config import OPTIONS as CONNECTOR_OPTIONS, RIGGED_OPTIONS  # noqa: E402
 from pytest_kvoffload.harness.options import OPTIONS, OptionValues, read_options  # noqa: E402
 
 TRACE = {"kv_trace": "{trace}"}
@@ -169,7 +169,7 @@ BAD_DISK_OPTS = {
     "direct_io": ("maybe", "direct_io 'maybe' must be true or false"),
     "huge_pages": ("some", "huge_pages 'some' must be true or false"),
     "read_gbps": ("fast", "read_gbps 'fast' must be a number of GB/s"),
-    "read_latency_ms": ("-5", "read_latency_ms -5.0 must not be negative"),
+    "read_latency_ms": ("-5", "read_latency_ms -5 must be a number of milliseconds, 0 or more"),
     "calibration": ("/no/such.json", "calibration /no/such.json: no such file"),
     "calibration_mismatch": ("maybe", "calibration_mismatch 'maybe' must be 'refuse' or 'accept'"),
     "load_mode": ("lazy", "load_mode 'lazy' must be 'async' or 'sync'"),
@@ -180,7 +180,7 @@ BAD_DISK_OPTS = {
 
 def test_every_option_and_connector_key_has_a_bad_value_test():
     assert set(BAD_VALUES) == {option.flag for option in OPTIONS if not option.switch}
-    assert set(BAD_DISK_OPTS) == set(CONNECTOR_OPTIONS)
+    assert set(BAD_DISK_OPTS) == set(CONNECTOR_OPTIONS) | set(RIGGED_OPTIONS)
 
 
 def fill(value, tmp_path):
@@ -240,23 +240,41 @@ def test_mapping_with_an_unknown_option_name_is_refused():
 
 # ---- output checks with teeth on a GPU, and said to be blind where they are ----
 
-def test_auto_weights_on_a_gpu_are_random_below_the_stated_size(monkeypatch):
+def test_auto_weights_on_a_gpu_are_random_below_the_stated_size(monkeypatch, tmp_path):
     import pytest_kvoffload.serve.weights as weights
     from pytest_kvoffload.core.models import load_model
     from pytest_kvoffload.harness.option_parsing import AUTO_RANDOM_MAX_PARAMS_GPU, output_checks, parse_weights
-    made = []
-    monkeypatch.setattr(weights, "with_random_weights", lambda model, on_gpu=False: made.append((model.name, on_gpu))
-                        or model)
+    written = []
+    monkeypatch.setattr(weights, "_write", lambda *a: written.append(a))
+    monkeypatch.setenv("KVOFFLOAD_CACHE", str(tmp_path))
     for name in ("llama-3.2-3b", "llama-3.1-8b"):
         assert load_model(name).parameter_count() < AUTO_RANDOM_MAX_PARAMS_GPU
-        parse_weights("auto", load_model(name), on_gpu=True)
-    assert made == [("llama-3.2-3b", True), ("llama-3.1-8b", True)]
+        planned = parse_weights("auto", load_model(name), on_gpu=True)
+        assert planned.weights_seed == 0 and planned.has_weights and "-bf16-" in planned.path.name
+    assert written == [] and not any(tmp_path.rglob("*.safetensors"))  # parsing writes nothing
     big = load_model("llama-3.3-70b")
     assert big.parameter_count() > AUTO_RANDOM_MAX_PARAMS_GPU
     served = parse_weights("auto", big, on_gpu=True)
     assert not served.has_weights and output_checks(served).startswith("blind: vLLM's dummy weights")
     assert parse_weights("dummy", load_model("llama-3.2-3b"), on_gpu=True).has_weights is False
-    assert len(made) == 2
+
+
+def test_planned_weights_are_written_once_before_the_servers(monkeypatch, tmp_path):
+    import pytest_kvoffload.serve.weights as weights
+    from pytest_kvoffload.core.models import load_model
+    from pytest_kvoffload.harness.option_parsing import OptionError, parse_weights, write_weights
+    written = []
+    monkeypatch.setattr(weights, "_write", lambda model, folder, seed, on_gpu: written.append(folder) or (
+        folder.mkdir(parents=True, exist_ok=True), (folder / weights.WEIGHTS_FILE).write_bytes(b"x")))
+    monkeypatch.setenv("KVOFFLOAD_CACHE", str(tmp_path))
+    planned = parse_weights("random", load_model("tiny-llama"), on_gpu=False)
+    write_weights(planned, on_gpu=False)
+    write_weights(planned, on_gpu=False)
+    assert written == [planned.path]
+    monkeypatch.setattr(weights, "_write", lambda *a: (_ for _ in ()).throw(PermissionError("read-only")))
+    other = parse_weights("random", load_model("llama-3.2-3b"), on_gpu=False)
+    with pytest.raises(OptionError, match="--kv-weights random: cannot write the weights .*read-only"):
+        write_weights(other, on_gpu=False)
 
 
 def test_a_report_of_a_dummy_weight_run_says_its_output_checks_are_blind():

@@ -85,7 +85,7 @@ def test_grid_parametrizes_cells_and_drops_tier_cells_without_a_tier(pytester):
 
 def test_conftest_can_register_its_own_backend(pytester):
     pytester.makeconftest("""
-from pytest_kvoffload.serve.backends import Backend, ServerSpec
+from pytest_kvoffload.serve.backend import Backend, ServerSpec
 
 def pytest_kvoffload_register_backends(registry):
     registry.register(Backend(name="my-connector", description="ours", tier="disk", needs_cuda=True,

@@ -77,7 +77,7 @@ def test_output_comparison_names_the_first_difference_and_forgives_only_near_tie
 def test_a_tier_hit_counts_only_if_the_connector_loaded_it():
     # Seen on a real server: every chunk corrupt, the connector recomputed them all, and vLLM's
     # per-source counter still said 2,816 tokens came from disk.
-    from pytest_kvoffload.serve.builtin_backends import kvoffload_load_proof
+    from pytest_kvoffload.serve.builtin.kvoffload_disk import load_proof as kvoffload_load_proof
     corrupt = {"kvoffload:chunks_corrupt_total": 11, "kvoffload:blocks_load_failed_total": 22}
     assert "recomputed, not loaded" in kvoffload_load_proof(corrupt, 2816, 4096)
     assert "less than the 11,534,336" in kvoffload_load_proof({"kvoffload:useful_bytes_read_total": 4096}, 2816, 4096)

@@ -12,7 +12,7 @@ from pytest_kvoffload.measure.cells import Cell
 from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.measure.context import Recorder
 from pytest_kvoffload.measure.runner import OUTPUT_TOKENS, CellRunner
-from pytest_kvoffload.serve.builtin_backends import default_registry
+from pytest_kvoffload.serve.builtin import default_registry
 from pytest_kvoffload.serve.client import RequestResult
 
 BLOCK = 128

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload.serve.backends import with_connector_options
+from pytest_kvoffload.serve.backend import with_connector_options
 from pytest_kvoffload.measure.cells import Cell
 from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.serve.client import measure

@@ -3,7 +3,8 @@
 import pytest
 
 from pytest_kvoffload.core import machine
-from pytest_kvoffload.measure.prefill_speed import PrefillSpeed, lengths_within, probe_lengths
+from pytest_kvoffload.measure.grid_lengths import lengths_within
+from pytest_kvoffload.measure.prefill_speed import PrefillSpeed, probe_lengths
 
 AVX2_ONLY = "fpu sse4_2 avx avx2 fma"
 AVX512_BF16 = AVX2_ONLY + " avx512f avx512_bf16 avx512_vnni"

@@ -3,8 +3,8 @@
 import time
 
 from pytest_kvoffload.measure import runner as measure_module
-from pytest_kvoffload.serve import lmcache
-from pytest_kvoffload.serve.builtin_backends import default_registry
+from pytest_kvoffload.serve.builtin import lmcache_disk as lmcache
+from pytest_kvoffload.serve.builtin import default_registry
 from pytest_kvoffload.measure.runner import place_in_tier_only
 
 

@@ -4,6 +4,8 @@ section is a few lines; planted failures show as missed."""
 import json
 from pathlib import Path
 
+from pytest_kvoffload.record.roles import with_roles
+from pytest_kvoffload.serve.builtin import builtin_backends
 from pytest_kvoffload.record.summary_text import summary_text
 from pytest_kvoffload.record.verdict_block import verdict_lines
 
@@ -11,7 +13,8 @@ RUN = Path(__file__).parents[1] / "fixtures" / "report" / "make-test-run.json"
 
 
 def run():
-    return json.loads(RUN.read_text())
+    """The committed make test run (recorded before roles), each backend with its built-in role."""
+    return with_roles(json.loads(RUN.read_text()), {b.name: b.role for b in builtin_backends()})
 
 
 def test_the_summary_opens_with_the_verdicts_in_its_first_40_lines():

@@ -9,9 +9,8 @@ import pytest
 
 from pytest_kvoffload.measure.prompts import make_prompt
 from pytest_kvoffload.measure.runner import first_difference, recompute
-from pytest_kvoffload.serve import lmcache
+from pytest_kvoffload.serve.builtin import lmcache_disk as lmcache
 from pytest_kvoffload.serve.client import attach_sources, measure, stream_completion
-from pytest_kvoffload.serve.page_cache import tier_folders
 from pytest_kvoffload.serve.processes import group_has_live_members, shared_memory_files
 from pytest_kvoffload.serve.server import ServerStartError
 
@@ -26,9 +25,8 @@ def prompt(kv_session, name):
                        vocab_size=kv_session.settings.model.vocab_size).tokens
 
 
-def l2_files(kv_server):
-    (folder,) = tier_folders(kv_server.companion.spec.argv)
-    return sorted(folder.iterdir())
+def l2_files(kv_session):
+    return sorted(lmcache.l2_folder(kv_session.context(kv_session.registry.get(lmcache.NAME)).scratch).iterdir())
 
 
 def test_a_tier_hit_reads_every_chunk_from_lmcache_files(kv_session, kv_server):
@@ -49,9 +47,9 @@ def test_a_tier_hit_reads_every_chunk_from_lmcache_files(kv_session, kv_server):
 def test_vanished_lmcache_files_are_a_counted_miss_with_the_right_output(kv_session,
                                                                                               kv_server):
     tokens = prompt(kv_session, "vanished")
-    before = set(l2_files(kv_server))
+    before = set(l2_files(kv_session))
     measure(kv_server, tokens)
-    new = set(l2_files(kv_server)) - before
+    new = set(l2_files(kv_session)) - before
     assert len(new) == LENGTH // lmcache.CHUNK_TOKENS
     for path in new:
         path.unlink()

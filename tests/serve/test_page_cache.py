@@ -3,7 +3,13 @@
 import json
 import os
 
+from pathlib import Path
+
+from pytest_kvoffload.core.models import load_model
+from pytest_kvoffload.core.settings import Settings
 from pytest_kvoffload.serve import page_cache
+from pytest_kvoffload.serve.backend import LaunchContext, with_connector_options
+from pytest_kvoffload.serve.builtin import default_registry
 from pytest_kvoffload.record.report import tier_io_lines
 
 
@@ -27,29 +33,36 @@ def test_a_buffered_file_is_resident_after_writing_and_not_after_the_drop(tmp_pa
     assert dropped["after"]["resident_bytes"] <= 64 << 10, dropped  # what the kernel keeps is a page or two
 
 
-def test_tier_folders_come_from_the_servers_own_command_line():
-    ours = ["--kv-transfer-config", json.dumps({"kv_connector_extra_config": {"store_dir": "/s/kv-store"}})]
-    native = ["--kv-transfer-config", json.dumps({"kv_connector_extra_config": {
-        "secondary_tiers": [{"type": "fs", "root_dir": "/s/fs"}], "cpu_bytes_to_use": 1}})]
-    assert [str(p) for p in page_cache.tier_folders(ours)] == ["/s/kv-store"]
-    assert [str(p) for p in page_cache.tier_folders(native)] == ["/s/fs"]
-    assert page_cache.tier_folders(["--model", "x"]) == []
-    off = ["--kv-transfer-config", json.dumps({"kv_connector_extra_config": {"store_dir": "/s", "direct_io": False}})]
-    assert page_cache.configured_direct(ours) and not page_cache.configured_direct(off)
+def settings():
+    return Settings(backends=("gpu-only",), model=load_model("tiny-llama"), lengths=(512,), fractions=(1.0,),
+                    rounds=1, results_dir=Path("/tmp/r"), block_size=128)
 
 
-def test_an_lmcache_servers_fs_tier_and_its_o_direct_come_from_its_command_line():
-    vllm = ["--kv-transfer-config", json.dumps({"kv_connector": "LMCacheMPConnector",
-                                                "kv_connector_extra_config": {"lmcache.mp.port": 1}})]
-    direct = ["-m", "lmcache.v1.multiprocess.server", "--l2-adapter",
-              json.dumps({"type": "fs", "base_path": "/s/l2", "use_odirect": True})]
-    buffered = ["--l2-adapter", json.dumps({"type": "fs", "base_path": "/s/l2"}),
-                "--l2-adapter", json.dumps({"type": "s3", "base_path": "/not/a/folder"}), "--l2-adapter", "{bad"]
-    assert [str(p) for p in page_cache.tier_folders(vllm + direct)] == ["/s/l2"]
-    assert page_cache.configured_direct(vllm + direct)
+def extra_of(args):
+    return json.loads(args[args.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+
+
+def test_each_disk_backend_declares_the_folders_its_command_line_configures(tmp_path):
+    registry = default_registry()
+    ctx = LaunchContext(settings(), tmp_path)
+    ours = registry.get("kvoffload-disk").configure(ctx)
+    assert ours.tier_folders == (Path(extra_of(ours.args)["store_dir"]),) and ours.direct_io
+    off = with_connector_options(registry.get("kvoffload-disk"), "off", direct_io=False).configure(ctx)
+    assert not off.direct_io and off.tier_folders == (Path(extra_of(off.args)["store_dir"]),)
+    native = registry.get("native-disk").configure(ctx)
+    assert native.tier_folders == (Path(extra_of(native.args)["secondary_tiers"][0]["root_dir"]),)
+    assert registry.get("native-cpu").configure(ctx).tier_folders == ()
+    assert registry.get("gpu-only").configure(ctx).tier_folders == ()
+
+
+def test_an_lmcache_servers_fs_tier_and_its_o_direct_are_what_its_command_line_says(tmp_path):
+    registry = default_registry()
+    spec = registry.get("lmcache-disk").configure(LaunchContext(settings(), tmp_path))
+    argv = spec.companion.argv
+    adapter = json.loads(argv[argv.index("--l2-adapter") + 1])
+    assert spec.tier_folders == (Path(adapter["base_path"]),)
     # LMCache's fs adapter is buffered unless told otherwise: the page-cache drop then applies.
-    assert [str(p) for p in page_cache.tier_folders(buffered)] == ["/s/l2"]
-    assert not page_cache.configured_direct(vllm + buffered)
+    assert spec.direct_io == adapter["use_odirect"]
 
 
 def test_the_io_mode_follows_the_filesystem_and_the_configuration(tmp_path):

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from pytest_kvoffload.serve import server_imports
-from pytest_kvoffload.serve.builtin_backends import default_registry
+from pytest_kvoffload.serve.builtin import default_registry
 
 
 @pytest.fixture
@@ -53,7 +53,8 @@ def test_each_backend_names_what_it_loads_into_vllm(monkeypatch, cuda):
     monkeypatch.setattr(machine, "has_cuda", lambda: cuda)
     registry = default_registry()
     imports = {name: registry.get(name).server_imports() for name in registry.names()}
-    assert imports["kvoffload-disk"] == ("pytest_kvoffload.connector.connector",)
+    assert imports["kvoffload-disk"] == ("pytest_kvoffload.connector.connector",
+                                         "pytest_kvoffload.rigged.rigged_connector")
     assert imports["gpu-only"] == ()
     ops = "lmcache.cuda_ops" if cuda else "lmcache.lmcache_native"
     assert imports["lmcache-disk"][0] == ops and imports["lmcache-inproc-disk"][0] == ops
@@ -68,7 +69,7 @@ def test_lmcache_compiled_ops_of_the_cpu_build_import_here():
 
 PLANTED_BACKEND = """
 import sys
-from pytest_kvoffload.serve.backends import Backend
+from pytest_kvoffload.serve.backend import Backend
 
 def pytest_kvoffload_register_backends(registry):
     registry.register(Backend(name="planted-ops", description="loads a module built for another torch",

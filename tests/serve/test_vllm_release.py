@@ -10,8 +10,9 @@ import pytest
 from pytest_kvoffload.core.models import load_model
 from pytest_kvoffload.core.settings import Settings
 from pytest_kvoffload.harness.backend_options import parse_variant
-from pytest_kvoffload.serve.backends import LaunchContext, server_command
-from pytest_kvoffload.serve.builtin_backends import default_registry
+from pytest_kvoffload.serve.backend import LaunchContext
+from pytest_kvoffload.serve.command_line import server_command
+from pytest_kvoffload.serve.builtin import default_registry
 
 GOLDEN = Path(__file__).parent / "golden" / "vllm-0.33.0.json"
 BACKENDS = ["gpu-only", "native-cpu", "lmcache-disk", "native-disk", "kvoffload-disk", "lmcache-inproc-disk"]
@@ -80,7 +81,7 @@ def test_every_option_key_a_backend_accepts_reaches_a_config_vllm_033_reads(rele
     samples = {"eviction_policy": "arc", "cache_policy_module_path": "x.y", "offload_prompt_only": "false",
                "backpressure": "{}", "cpu_bytes_to_use": 2**30, "store_threshold": 2}
     for key in keys:
-        from pytest_kvoffload.serve.backends import BackendConfigError
+        from pytest_kvoffload.serve.backend import BackendConfigError
         try:
             variant = parse_variant(f"{name}[{key}={samples.get(key, 4)}]", registry)
         except BackendConfigError as exc:  # refused with one line before a server: allowed, but say so here
@@ -90,7 +91,7 @@ def test_every_option_key_a_backend_accepts_reaches_a_config_vllm_033_reads(rele
 
 
 def test_store_threshold_is_refused_for_native_disk_before_a_server(release):
-    from pytest_kvoffload.serve.backends import BackendConfigError
+    from pytest_kvoffload.serve.backend import BackendConfigError
     # vLLM's TieringOffloadingSpec raises "store_threshold is not supported" (tiering/spec.py).
     assert "store_threshold" in release["offloading_spec_keys"]["TieringOffloadingSpec"]
     with pytest.raises(BackendConfigError, match="native-disk has no option 'store_threshold'"):

@@ -3,8 +3,8 @@
 import pytest
 
 from pytest_kvoffload.suite_machinery import ab
-from pytest_kvoffload.serve.backends import BackendConfigError
-from pytest_kvoffload.serve.builtin_backends import default_registry
+from pytest_kvoffload.serve.backend import BackendConfigError
+from pytest_kvoffload.serve.builtin import default_registry
 from pytest_kvoffload.harness.backend_options import register_ab
 from pytest_kvoffload.measure.cells import Cell
 from pytest_kvoffload.core.cell_state import State

@@ -14,7 +14,8 @@ from pytest_kvoffload.suite_machinery.admission.grid_checks import MORE_PROBE_RO
 from pytest_kvoffload.suite_machinery.admission.derived_drive import (FRONTIER, SlowDriveError, frontier_drive, frontier_prefixes,
                                                    interpolated_break_even, planted_break_even, ratio, step_tokens)
 from pytest_kvoffload.connector.admission_rule import Admission, FixedAdmission
-from pytest_kvoffload.connector.config import admission_mode
+from pytest_kvoffload.rigged.knobs import planted_mode as admission_mode
+from pytest_kvoffload.rigged.planted_admission import rule as planted_rule
 from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.core.costs import RecomputeFit, TierFit, break_even_prefix
 from pytest_kvoffload.analysis.paired import median_bound, verdict, within_cap
@@ -40,7 +41,7 @@ def tier(margin=0.02) -> dict:
 def rule(mode: str):
     if mode in ("always", "never"):
         return FixedAdmission(mode, Counters())
-    return Admission(tier(), KV, Counters(), mode)
+    return planted_rule(tier(), KV, Counters(), mode)
 
 
 def rounds_of(mode: str, n=5, jitter=0.03) -> tuple[dict, dict]:
@@ -196,7 +197,7 @@ def test_full_credit_admits_behind_a_queue_what_the_measured_overlap_declines():
     t = {**tier(), "queue_overlap": 0.0}
     ahead = [(0, 1280)]
     assert not Admission(t, KV, Counters(), "queue")(256, 257, 0, ahead=ahead)
-    assert Admission(t, KV, Counters(), "queue:full-credit")(256, 257, 0, ahead=ahead)
+    assert planted_rule(t, KV, Counters(), "queue:full-credit")(256, 257, 0, ahead=ahead)
 
 
 def test_step_tokens_half_the_longest_prompt_in_whole_blocks():

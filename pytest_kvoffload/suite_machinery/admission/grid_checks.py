@@ -33,7 +33,7 @@ from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.measure.context import Recorder, Servers
 from pytest_kvoffload.measure.runner import CellRunner
 from pytest_kvoffload.analysis.fits import analyse
-from pytest_kvoffload.serve.backends import Backend, with_connector_options
+from pytest_kvoffload.serve.backend import Backend, with_connector_options
 from pytest_kvoffload.serve.server import settle
 
 # Paired rounds per frontier cell in the judged phase, and of the probes behind a queue: five is the fewest
@@ -41,8 +41,7 @@ from pytest_kvoffload.serve.server import settle
 JUDGED_ROUNDS = 5
 CALIBRATION_ROUNDS = 2
 # Probe rounds added before a machine is refused. A cell's figure is its rounds' median, so one disturbed
-# round of two can flatten the fitted curve: 0f5d785's CI fitted a wrong decision at 26% and 20% where four
-# fresh-clone runs of the same code on the same machine fitted 42 to 47% and 28 to 30%.
+# round of two can flatten the fitted curve (docs/notes/2026-12-04-verdicts-and-report.md).
 MORE_PROBE_ROUNDS = 3
 # The queue cell: below p*, where a rule crediting the queue wrongly would admit (above p* every rule
 # worth judging admits, and the frontier judges that already).
@@ -251,6 +250,7 @@ def judged_run(recorder: Recorder, servers: Servers, backend: Backend, mode: str
     calibration_pass, measured, calibration, control_bursts = calibrate(recorder, servers, slow, target, step,
                                                                         backend.tier)
     calibration["tiers"] = {backend.name: calibration["tiers"].pop(slow.name)}
+    calibration["connector_tier"] = backend.name
     path = recorder.run_dir() / "admission-calibration.json"
     write_calibration(path, calibration)
     guarded_backend = block_variant(backend, "admission", block, server_args=budget, calibration=str(path),
@@ -263,7 +263,7 @@ def judged_run(recorder: Recorder, servers: Servers, backend: Backend, mode: str
                       f"of {', '.join(map(str, multiples))} tokens (measured p* {measured:,.0f})")
     tracker = Tracker(recorder.progress, "admission frontier", n, "rounds")
     # The guarded server has just started and warmed up (its saves may still be writing): its first round too
-    # begins with both servers quiet (b10: a control cold of 1,025 tokens took 1,106 ms instead of 212 here).
+    # begins with both servers quiet (a control cold round beside a save ran five times slower).
     settle(endpoints)
     last = None
     for r in range(n):

@@ -1,4 +1,4 @@
-"""lmcache-disk: LMCache's multiprocess server with its file-system tier (L2), beside vLLM's
+"""The lmcache-disk backend: LMCache's multiprocess server with its file-system tier (L2), beside vLLM's
 LMCacheMPConnector. Its command line, vLLM's side of it, and the proof that a tier hit read the files.
 
 Why the multiprocess server: it is the LMCache integration with a CPU path (its CPU cache context shares
@@ -15,9 +15,14 @@ import re
 import sys
 from pathlib import Path
 
+from pytest_kvoffload.core import machine
+from pytest_kvoffload.serve.backend import Backend, LaunchContext, ServerSpec
+from pytest_kvoffload.serve.builtin.folders import empty_folder
 from pytest_kvoffload.serve.companion import CompanionSpec
 from pytest_kvoffload.serve.page_cache import direct_io_works
 from pytest_kvoffload.serve.processes import free_port
+
+NAME = "lmcache-disk"
 
 # LMCache's unit of storage and lookup (its server's default --chunk-size, passed explicitly so that a
 # changed default cannot move the cells' expectations): one file per chunk in the fs tier.
@@ -50,11 +55,12 @@ def l1_gib(cpu_gib: float, max_model_len: int, kv_bytes_per_token: int) -> float
 
 
 def l2_folder(scratch: Path) -> Path:
-    return scratch / "lmcache-disk"
+    return scratch / NAME
 
 
-def server_spec(scratch: Path, l1_gib: float) -> tuple[CompanionSpec, int]:
-    """The LMCache server's command line (its own ports, its L2 folder under `scratch`) and its port."""
+def server_spec(scratch: Path, l1_gib: float) -> tuple[CompanionSpec, int, bool]:
+    """The LMCache server's command line (its own ports, its L2 folder under `scratch`), its port, and
+    whether its fs adapter reads with O_DIRECT."""
     folder = l2_folder(scratch)
     folder.mkdir(parents=True, exist_ok=True)
     port, metrics_port = free_port(), free_port()
@@ -72,7 +78,7 @@ def server_spec(scratch: Path, l1_gib: float) -> tuple[CompanionSpec, int]:
     spec = CompanionSpec(name="LMCache's server", argv=argv, env=NO_TELEMETRY,
                          metrics_url=f"http://127.0.0.1:{metrics_port}/metrics", metric_prefixes=METRIC_PREFIXES,
                          ready_line=READY_LINE)
-    return spec, port
+    return spec, port, adapter["use_odirect"]
 
 
 def connector_config(port: int) -> dict:
@@ -98,8 +104,7 @@ def tier_settled(counters: dict) -> bool:
     """No store to the disk tier in flight and nothing left in L1 (LMCache's server counters, as totals):
     a request then finds its chunks in the files alone. The server stores to L2 after the request that
     computed them has returned, and skip_l1 evicts a chunk from L1 once it is stored there; a tier hit sent
-    before that was served from L1 (b45, 2026-12-03: the 2,048 x 1 cell's second round found 8 chunks in
-    L1 while the store completed beside it)."""
+    before that is served from L1 (docs/notes/2026-12-01-lmcache.md)."""
     return (counters.get(L2_STORE_COMPLETED, 0) >= counters.get(L2_STORE_SUBMITTED, 0)
             and counters.get(L1_EVICTED, 0) >= counters.get(L1_WRITTEN, 0))
 
@@ -123,3 +128,41 @@ def started_facts(log_path: Path) -> dict:
         return {"connector_class": "vllm.distributed.kv_transfer.kv_connector.v1.lmcache_mp_connector."
                                    "LMCacheMPConnectorUpstream"}
     return {"connector_class": "not logged"}
+
+
+def imports(connector: str) -> tuple[str, ...]:
+    """What an LMCache server's Python must import: LMCache's compiled ops link libtorch's symbols, so a build
+    for another torch fails at import; then the connector vLLM loads."""
+    return ("lmcache.cuda_ops" if machine.has_cuda() else "lmcache.lmcache_native", connector)
+
+
+def configure(ctx: LaunchContext) -> ServerSpec:
+    # LMCache's multiprocess server holds the tiers; the hybrid KV cache manager is off because
+    # LMCacheMPConnector refuses it.
+    s = ctx.settings
+    companion, port, direct = server_spec(ctx.scratch, l1_gib(s.cpu_gib, s.max_model_len, s.kv_bytes_per_token))
+    return ServerSpec(args=["--disable-hybrid-kv-cache-manager", "--kv-transfer-config",
+                            json.dumps(connector_config(port))],
+                      env=dict(NO_TELEMETRY), companion=companion, tier_folders=(l2_folder(ctx.scratch),),
+                      direct_io=direct)
+
+
+def backend() -> Backend:
+    return Backend(
+        name=NAME,
+        description="LMCache's multiprocess server with its file-system tier (skip_l1: hits read the files)",
+        # vLLM's LMCache connectors name no cache-hit source, so their hits count as external_unspecified.
+        tier="external_unspecified",
+        configure=configure,
+        needs_modules=("lmcache",),
+        server_imports=lambda: imports("lmcache.integration.vllm.lmcache_mp_connector"),
+        tier_granularity=lambda s: CHUNK_TOKENS,
+        # Whole chunks only; a prompt it holds whole it serves but for the last token (prompts.expected_cached).
+        last_block_source="external_unspecified",
+        serves_all_but_last_token=True,
+        load_proof=load_proof,
+        tier_settled=tier_settled,
+        started_facts=started_facts,
+        # LMCache indexes its files when its server starts: each start begins with an empty folder.
+        reset_tier=lambda ctx: empty_folder(l2_folder(ctx.scratch)),
+    )

@@ -119,7 +119,7 @@ def test_a_request_served_by_the_tier_got_more_cached_tokens_than_on_gpu_only():
 
 
 def test_bytes_loaded_are_read_from_whichever_counter_the_connector_keeps():
-    from pytest_kvoffload.serve.lmcache import CHUNK_TOKENS, L2_LOADED_CHUNKS
+    from pytest_kvoffload.serve.builtin.lmcache_disk import CHUNK_TOKENS, L2_LOADED_CHUNKS
     from pytest_kvoffload.suite_machinery.trace_replay import loaded_bytes
 
     assert loaded_bytes({"kvoffload:bytes_read_total": 4096.0}, 4096) == 4096.0

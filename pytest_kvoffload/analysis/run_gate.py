@@ -1,4 +1,4 @@
-"""Two runs side by side: the "before an upgrade" check and the nightly gate, decided through verdicts/.
+"""Two runs side by side: the "before an upgrade" check and the nightly gate, decided through the decision layer (analysis/outcome.py).
 
 The gate decides per backend and state (a backend's TTFT in one state across the grid) and per cell, each a
 ratio new / base of median TTFT with an interval on the noise both runs measured, pooled over cells

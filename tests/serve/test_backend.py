@@ -3,9 +3,10 @@ from pathlib import Path
 
 import pytest
 
-from pytest_kvoffload.serve.backends import Backend, LaunchContext, server_command, with_connector_options
+from pytest_kvoffload.serve.backend import Backend, LaunchContext, with_connector_options
+from pytest_kvoffload.serve.command_line import server_command
 
-from pytest_kvoffload.serve.builtin_backends import default_registry
+from pytest_kvoffload.serve.builtin import default_registry
 from pytest_kvoffload.core.models import load_model
 from pytest_kvoffload.core.settings import Settings
 
@@ -93,7 +94,7 @@ def test_native_cpu_uses_the_cpu_platform_spec_without_a_gpu(tmp_path, monkeypat
 def test_cpu_platform_spec_names_match_the_module():
     pytest.importorskip("vllm")
     import importlib
-    from pytest_kvoffload.serve.backends import CPU_PLATFORM_SPEC_MODULE, CPU_PLATFORM_SPECS
+    from pytest_kvoffload.serve.command_line import CPU_PLATFORM_SPEC_MODULE, CPU_PLATFORM_SPECS
     from vllm.v1.kv_offload import factory
     module = importlib.import_module(CPU_PLATFORM_SPEC_MODULE)
     for original, twin in CPU_PLATFORM_SPECS.items():
@@ -114,13 +115,13 @@ def test_cpu_platform_spec_names_match_the_module():
     (False, ["--kv-transfer-config", "{not json"], "native-cpu: --kv-transfer-config is not valid JSON"),
 ])
 def test_offloading_spec_on_the_wrong_platform_is_one_line(cuda, args, message):
-    from pytest_kvoffload.serve.backends import offloading_spec_problem
+    from pytest_kvoffload.serve.command_line import offloading_spec_problem
     problem = offloading_spec_problem("native-cpu", ["vllm", *args], cuda)
     assert problem.startswith(message) and "\n" not in problem
 
 
 def test_offloading_spec_on_its_platform_passes():
-    from pytest_kvoffload.serve.backends import offloading_spec_problem
+    from pytest_kvoffload.serve.command_line import offloading_spec_problem
     shim = json.dumps({"kv_connector": "OffloadingConnector",
                        "kv_connector_extra_config": {"spec_name": "CPUPlatformTieringSpec"}})
     assert offloading_spec_problem("native-disk", ["--kv-transfer-config", shim], cuda=False) is None
@@ -155,13 +156,13 @@ def test_lmcache_inproc_disk_environment(tmp_path):
 
 
 def lmcache_launch(tmp_path, **kw):
-    from pytest_kvoffload.serve.backends import server_launch
+    from pytest_kvoffload.serve.command_line import server_launch
     return server_launch(default_registry().get("lmcache-disk"), LaunchContext(settings(**kw), tmp_path), 8123)
 
 
 def test_lmcache_disk_runs_lmcache_server_beside_vllm_with_its_files_as_the_only_tier(tmp_path, monkeypatch):
     from pytest_kvoffload.core import machine
-    from pytest_kvoffload.serve import lmcache
+    from pytest_kvoffload.serve.builtin import lmcache_disk as lmcache
     monkeypatch.setattr(machine, "has_cuda", lambda: False)
     launch = lmcache_launch(tmp_path, cpu_gib=0.5)
     server = launch.companion.argv
@@ -212,7 +213,7 @@ def test_lmcache_server_command_parses_with_the_installed_lmcache(tmp_path, monk
 
 
 def test_lmcache_tier_hits_count_only_if_its_server_read_the_chunks_from_disk():
-    from pytest_kvoffload.serve import lmcache
+    from pytest_kvoffload.serve.builtin import lmcache_disk as lmcache
     assert default_registry().get("lmcache-disk").load_proof is lmcache.load_proof
     assert lmcache.load_proof({lmcache.L2_LOADED_CHUNKS: 5}, 1279, 4096) is None
     # A near miss: one chunk short of 1,279 tokens (the last one partial) fails, naming the bytes.
@@ -223,7 +224,7 @@ def test_lmcache_tier_hits_count_only_if_its_server_read_the_chunks_from_disk():
 
 
 def test_which_lmcache_connector_vllm_loaded_is_read_from_its_log(tmp_path):
-    from pytest_kvoffload.serve import lmcache
+    from pytest_kvoffload.serve.builtin import lmcache_disk as lmcache
     log = tmp_path / "lmcache-disk.log"
     log.write_text("[2026-12-01 18:09:26,468] LMCache INFO: Using external LMCacheMPConnector from "
                    "lmcache.integration.vllm.lmcache_mp_connector (lmcache_mp_connector.py:1203:vllm...)\n")
@@ -382,7 +383,7 @@ def test_every_backend_command_parses_with_the_installed_vllm(vllm_parser, tmp_p
 
 
 def test_a_native_tier_hit_counts_only_if_vllm_copied_its_bytes():
-    from pytest_kvoffload.serve.builtin_backends import native_load_proof
+    from pytest_kvoffload.serve.builtin.vllm_offloading import native_load_proof
     registry = default_registry()
     assert registry.get("native-cpu").load_proof is native_load_proof
     assert registry.get("native-disk").load_proof is native_load_proof
@@ -420,7 +421,7 @@ def test_a_variant_from_the_command_line_is_the_backend_with_its_options(tmp_pat
 
 def test_another_python_runs_the_server_and_its_versions_are_read(tmp_path):
     import sys
-    from pytest_kvoffload.serve.backends import interpreter_versions
+    from pytest_kvoffload.serve.command_line import interpreter_versions
     from pytest_kvoffload.harness.backend_options import use_python
     registry = default_registry()
     use_python(registry, [f"gpu-only={sys.executable}"])
