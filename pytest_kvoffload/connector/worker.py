@@ -120,7 +120,7 @@ class WorkerSide:
         return ChunkStore(self.store_root, layout_text, self.layout, self.config.direct_io, self.counters,
                           huge_pages=self.config.huge_pages)
 
-    def loaded(self, src: torch.Tensor) -> torch.Tensor:  # a chunk's blocks, as they go into the cache
+    def loaded(self, src: torch.Tensor, chunk) -> torch.Tensor:  # a chunk's blocks, as they go into the cache
         return src
 
     # -- per-step entry points --
@@ -315,7 +315,7 @@ class WorkerSide:
         """The scatter of `chunk`'s blocks from `buffer`, run by the store before the checksum: a damaged
         chunk's blocks are then reported failed (_collect) and recomputed."""
         def scatter() -> None:
-            src = self.loaded(self._views(buffer, count))
+            src = self.loaded(self._views(buffer, count), chunk)
             self._scatter(src, [i for i, _ in chunk.blocks], [b for _, b in chunk.blocks])
         return scatter
 

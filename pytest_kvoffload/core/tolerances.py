@@ -22,6 +22,11 @@ ADMISSION_CAP = PAIRED_CAP - 1.0
 # prefix's bytes at the drive's read rate).
 TIER_TARGET_RATIO = 1.05
 
+# The output check (measure/output_check.py): a hit's logprobs within this many nats of a recompute's at
+# every position, and a near-tie is two tokens within it. bf16 keeps 8 bits of mantissa: logits of a few
+# units differ by a few hundredths between a cold prefill and a hit's other shapes; wrong KV moves more.
+OUTPUT_NATS = 0.1
+
 # The nightly gate's default limit on a slowdown between runs (kvoffload compare --fail-above).
 GATE_LIMIT = 0.10
 # The fewest rounds per cell, in each run, from which the gate compares a p90 (below it says so): with 20

@@ -21,7 +21,8 @@ import numpy as np
 
 from pytest_kvoffload.serve.client import Endpoint, stream_completion
 from pytest_kvoffload.measure.prompts import make_prompt
-from pytest_kvoffload.measure.runner import OUTPUT_TOKENS, TIE_CANDIDATES
+from pytest_kvoffload.measure.output_check import TIE_CANDIDATES
+from pytest_kvoffload.measure.runner import OUTPUT_TOKENS
 
 FIRST_LENGTH = 256
 WARMUP_REQUESTS = 2  # untimed: allocations, caches and the first forward's one-time costs

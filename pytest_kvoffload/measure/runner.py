@@ -14,44 +14,22 @@ from pytest_kvoffload.serve.client import (Endpoint, RequestResult, attach_sourc
 from pytest_kvoffload.serve.metrics import Snapshot
 from pytest_kvoffload.measure.prompts import Prompt, make_prompt
 from pytest_kvoffload.measure.context import Recorder
+from pytest_kvoffload.measure.output_check import TIE_CANDIDATES, OutputCheck, compare_outputs
 
 
 # Greedy tokens compared with a recompute in one round of every hit cell: wrong KV changes them (on a model
 # whose weights make attention matter, serve/weights.py), while TTFT stays the time to the first one.
 OUTPUT_TOKENS = 8
-# Two computations of the same prompt agree only up to rounding (bf16 keeps 8 bits of mantissa, and a
-# hit computes its suffix in other shapes than a cold prefill), so a token within this many nats of the
-# recompute's likeliest is a correct answer too. Wrong KV changes the distribution itself.
-TIE_NATS = 0.1
-# How many of the recompute's likeliest tokens come back with their logprobs. Seen in bf16: three
-# tokens within 0.031 nats, the hit taking the third; two candidates could not see that tie.
-TIE_CANDIDATES = 5
 # The longest wait for a tier's stores to settle before its hit (Backend.tier_settled). LMCache's server
 # completed the 8 MiB store of a 2,048-token prompt within a request's time, so 10 s leaves room for a slow
 # drive; past it the hit is measured anyway and its load proof says where it came from.
 SETTLE_S = 10.0
 
 
-def first_difference(got: list[int], want: list[int], want_top: list[dict[int, float]] | None = None) -> str | None:
-    """None when the outputs agree (up to a near-tie in the recompute's logprobs), else where they differ."""
-    for i, (a, b) in enumerate(zip(got, want)):
-        if a != b:
-            top = want_top[i] if want_top and i < len(want_top) else {}
-            if a in top and b in top and top[b] - top[a] <= TIE_NATS:
-                return None  # a near-tie: what follows it may differ legitimately
-            # How far off, so that a failure tells a near-tie just past TIE_NATS from KV that is wrong.
-            where = (f" ({top[b] - top[a]:.3f} nats below it)" if a in top and b in top else
-                     f" (not among its {len(top)} likeliest)" if b in top else "")
-            return f"output token {i}: {a} where a recompute gives {b}{where}"
-    if len(got) != len(want):
-        return f"{len(got)} output tokens where a recompute gives {len(want)}"
-    return None
-
-
-def recompute(endpoint: Endpoint, tokens: list[int], salt: str) -> RequestResult:
+def recompute(endpoint: Endpoint, tokens: list[int], salt: str, max_tokens: int = OUTPUT_TOKENS) -> RequestResult:
     """The prompt under a fresh cache_salt, which no engine or tier cache may answer, with the likeliest
-    tokens' logprobs at each output position (first_difference forgives near-ties by them)."""
-    return stream_completion(endpoint, tokens, OUTPUT_TOKENS, cache_salt=salt, logprobs=TIE_CANDIDATES)
+    tokens' logprobs at each output position (measure/output_check.py compares a hit's with them)."""
+    return stream_completion(endpoint, tokens, max_tokens, cache_salt=salt, logprobs=TIE_CANDIDATES)
 
 
 @dataclass
@@ -196,16 +174,21 @@ class CellRunner:
         return self.check_output and self._round == self._first_round + 1
 
     def target(self, tokens: list[int]) -> RequestResult:
-        self._pending = stream_completion(self.endpoint, tokens, OUTPUT_TOKENS if self._checks_output() else 1)
+        checked = self._checks_output()
+        self._pending = stream_completion(self.endpoint, tokens, OUTPUT_TOKENS if checked else 1,
+                                          logprobs=TIE_CANDIDATES if checked else None)
         return self._pending
 
-    def _check_output(self, result: RequestResult) -> str | None:
-        """The same prompt recomputed under a fresh cache_salt (no cache may answer it) must give the same tokens."""
+    def _check_output(self, result: RequestResult) -> OutputCheck:
+        """The same prompt recomputed under a fresh cache_salt (no cache may answer it) must give the same
+        tokens and logprobs; past a near-tie the hit is continued from the recompute's tokens."""
         reference = self._reference
         if reference is None:
             salt = f"{self.recorder.salt}|recompute|{self.backend.name}|{self.cell.id}|{self._round}"
             reference = recompute(self.endpoint, self._prompt.tokens, salt)
-        return first_difference(result.output_token_ids, reference.output_token_ids, reference.top_logprobs)
+        prompt = self._prompt.tokens
+        return compare_outputs(result, reference, lambda tokens: stream_completion(
+            self.endpoint, [*prompt, *tokens], OUTPUT_TOKENS - len(tokens), logprobs=TIE_CANDIDATES))
 
     def teardown(self, tokens: list[int] | None = None) -> None:
         """After each round, outside the timed part: sources, checks and the record."""
@@ -231,12 +214,10 @@ class CellRunner:
             problem = proof(result.connector, expect.tokens, settings.kv_bytes_per_token)
         output = None
         if self._checks_output():
-            output = {"output_checked": True}
-            difference = self._check_output(result)
-            output["output_matches"] = difference is None
-            if difference:
-                output["output_difference"] = difference
-                problem = f"{problem}; {difference}" if problem else difference
+            check = self._check_output(result)
+            output = {"output_checked": True, **check.record()}
+            if check.difference:
+                problem = f"{problem}; {check.difference}" if problem else check.difference
         if problem:
             self.outcome.failures.append(f"round {self._round}: {problem}")
         self.outcome.results.append(result)

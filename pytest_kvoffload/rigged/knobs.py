@@ -11,7 +11,7 @@ from pytest_kvoffload.connector.config import (ADMISSION_MODES, RIGGED_CONNECTOR
 
 MODULE, CLASS = RIGGED_CONNECTOR, "RiggedKVOffloadConnector"
 # zero: loaded blocks zeroed; shift: each block gets its file's previous block; alternate: by turns.
-FAULTS = ("zero", "shift", "alternate")
+FAULTS = ("zero", "shift", "alternate", "stale")
 # Planted rules, wrong on purpose, for the admission suite's near-miss controls (docs/admission.md): the
 # static rule with its predicted load cost times F, the static rule blind to the fixed cost, and the queue
 # rule crediting the whole queue ahead as hidden load time.

@@ -12,7 +12,7 @@ from pytest_kvoffload.connector.worker import WorkerSide
 from pytest_kvoffload.rigged.emulated_drive import PacedChunkStore
 from pytest_kvoffload.rigged.knobs import Rig, split
 from pytest_kvoffload.rigged.planted_admission import rule
-from pytest_kvoffload.rigged.planted_kv import planted
+from pytest_kvoffload.rigged.planted_kv import planted, stale_block
 
 
 class RiggedWorkerSide(WorkerSide):
@@ -20,15 +20,30 @@ class RiggedWorkerSide(WorkerSide):
         self.rig = rig
         self.read_delay_s = rig.read_latency_s
         self._faults = 0  # loads with a planted fault
+        self._stale_in: set[str] = set()  # fault "stale": the first chunk of each load, which gets one stale block
+        self._stale: torch.Tensor | None = None  # a block kept from an earlier load
         super().__init__(config, *args)
+
+    def start_load_kv(self, meta) -> None:
+        if self.rig.fault == "stale":
+            self._stale_in.update(job.chunks[0].key for job in meta.loads if job.chunks)
+        super().start_load_kv(meta)
 
     def new_store(self, layout_text: str) -> ChunkStore:
         return PacedChunkStore(self.store_root, layout_text, self.layout, self.config.direct_io, self.counters,
                                huge_pages=self.config.huge_pages, read_bytes_per_s=self.rig.read_bytes_per_s)
 
-    def loaded(self, src: torch.Tensor) -> torch.Tensor:
+    def loaded(self, src: torch.Tensor, chunk) -> torch.Tensor:
         if not self.rig.fault:
             return src
+        if self.rig.fault == "stale":
+            first = chunk.blocks[0][0]
+            earlier, self._stale = self._stale, src[:, first:first + 1].clone()
+            if chunk.key not in self._stale_in:
+                return src
+            self._stale_in.discard(chunk.key)
+            self._faults += 1
+            return stale_block(src, first, earlier)
         self._faults += 1
         return planted(src, self.rig.fault, self._faults)
 

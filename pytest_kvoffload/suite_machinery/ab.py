@@ -27,7 +27,8 @@ from tabulate import tabulate
 from pytest_kvoffload.measure.cells import Cell
 from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.measure.prompts import make_prompt
-from pytest_kvoffload.measure.runner import CellRunner, first_difference, recompute
+from pytest_kvoffload.measure.output_check import compare_outputs
+from pytest_kvoffload.measure.runner import CellRunner, recompute
 from pytest_kvoffload.analysis.paired import CAP, FLOOR, interval
 from pytest_kvoffload.core.progress import Tracker
 from pytest_kvoffload.measure.context import Recorder, Servers
@@ -106,7 +107,8 @@ def compare_cell(recorder: Recorder, servers: Servers, a, b, cell: Cell, rounds:
 
 def outputs_across(recorder: Recorder, a, b, cell: Cell, purpose: str) -> str | None:
     """One fresh prompt of the cell's length recomputed on A and on B (no cache may answer): None when B's
-    greedy tokens are A's (a near-tie in A's logprobs forgiven), else where B's differ."""
+    greedy tokens and logprobs are A's at every position (measure/output_check.py; past a near-tie B is
+    continued from A's tokens), else where B's differ."""
     s = recorder.settings
     salt = f"{recorder.salt}|{purpose}|a-vs-b|{cell.id}"
     tokens = make_prompt(cell.length, 0.0, seed=s.random_seed, salt=salt, vocab_size=s.model.vocab_size).tokens
@@ -114,7 +116,8 @@ def outputs_across(recorder: Recorder, a, b, cell: Cell, purpose: str) -> str | 
     want = recompute(a, tokens, salt)
     settle([a, b])
     got = recompute(b, tokens, salt)
-    difference = first_difference(got.output_token_ids, want.output_token_ids, want.top_logprobs)
+    difference = compare_outputs(got, want, lambda extra: recompute(
+        b, [*tokens, *extra], f"{salt}|{len(extra)}", len(want.output_token_ids) - len(extra))).difference
     return None if difference is None else difference.replace("a recompute", "A")
 
 

@@ -8,7 +8,8 @@ import time
 
 from pytest_kvoffload.serve.builtin.kvoffload_disk import kvoffload_store_dir
 from pytest_kvoffload.serve.client import measure, stream_completion
-from pytest_kvoffload.measure.runner import first_difference, recompute
+from pytest_kvoffload.measure.output_check import compare_outputs
+from pytest_kvoffload.measure.runner import recompute
 from pytest_kvoffload.connector.counters import HISTOGRAMS
 from pytest_kvoffload.connector.chunk_format import HEADER_SIZE, read_header
 from pytest_kvoffload.serve.metrics import histograms
@@ -38,8 +39,8 @@ def cold_answer(endpoint, tokens, tag):
 
 
 def assert_same_answer(hit, cold):
-    # Equal greedy tokens, up to a near-tie in the recompute's logprobs (measure.first_difference).
-    difference = first_difference(hit.output_token_ids, cold.output_token_ids, cold.top_logprobs)
+    # Equal greedy tokens, up to a near-tie in the recompute's logprobs (measure/output_check.py).
+    difference = compare_outputs(hit, cold).difference
     margins = [sorted(top.values(), reverse=True)[:3] for top in cold.top_logprobs]
     assert difference is None and len(cold.output_token_ids) == OUT, f"{difference}; recompute's top logprobs {margins}"
 

@@ -174,7 +174,7 @@ BAD_DISK_OPTS = {
     "calibration_mismatch": ("maybe", "calibration_mismatch 'maybe' must be 'refuse' or 'accept'"),
     "load_mode": ("lazy", "load_mode 'lazy' must be 'async' or 'sync'"),
     "admission": ("maybe", "admission 'maybe' must be one of queue, static"),
-    "fault": ("melt", "fault 'melt' must be one of zero, shift, alternate"),
+    "fault": ("melt", "fault 'melt' must be one of zero, shift, alternate, stale"),
 }
 
 

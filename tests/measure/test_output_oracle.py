@@ -4,7 +4,9 @@ The connector's test-only `fault` option loads wrong KV that passes every file c
 each block given its chunk's previous block), as a bug in the scheduler's block mapping would. On the
 seeded random-weight model (serve/weights.py) the greedy output of such a hit must differ from the cold one in
 at least 19 of 20 trials; on vLLM's dummy weights (+-1e-3) it mostly does not, which is why output
-checks run on the random-weight model.
+checks run on the random-weight model. The subtle fault, one block of a load kept from an earlier prompt
+(fault "stale"), must fail the comparator the cells use (measure/output_check.py) in 19 of 20 trials, while
+correct hits pass it in all.
 
 That second fact is vLLM's dummy loader's, not this package's: it is measured again whenever the installed
 vLLM or the model differs from the one recorded in tests/fixtures/oracle/dummy-weights.json (delete the
@@ -19,8 +21,9 @@ import pytest
 from pytest_kvoffload.serve.backend import with_connector_options
 from pytest_kvoffload.measure.cells import Cell
 from pytest_kvoffload.core.cell_state import State
-from pytest_kvoffload.serve.client import measure
-from pytest_kvoffload.measure.runner import OUTPUT_TOKENS, CellRunner
+from pytest_kvoffload.serve.client import measure, stream_completion
+from pytest_kvoffload.measure.output_check import TIE_CANDIDATES, compare_outputs
+from pytest_kvoffload.measure.runner import OUTPUT_TOKENS, CellRunner, recompute
 from pytest_kvoffload.core.models import load_model
 from pytest_kvoffload.measure.prompts import make_prompt
 
@@ -110,3 +113,42 @@ def test_a_cell_that_loads_wrong_kv_fails_naming_backend_cell_and_token(kv_sessi
     assert len(outcome.failures) == 1 and outcome.failures[0].startswith("round 1: output token "), outcome.failures
     record = [m for m in kv_session.measurements(backend.name) if m.get("output_checked")]
     assert record and record[0]["output_matches"] is False and "output token" in record[0]["problem"]
+
+
+def checked_hits(kv_session, backend) -> list:
+    """Per trial, a tier hit checked against a recompute by the comparator the cells use (every position,
+    logprobs included, a second hit past a near-tie)."""
+    endpoint = kv_session.endpoint(backend)
+    checks = []
+    for trial in range(TRIALS):
+        tokens = make_prompt(LENGTH, 1.0, salt=f"{kv_session.salt}|checked|{backend.name}|{trial}",
+                             vocab_size=kv_session.settings.model.vocab_size).tokens
+        measure(endpoint, tokens)  # stores the prompt's KV in the tier
+        endpoint.reset_prefix_cache(external=False)
+        hit = measure(endpoint, tokens, max_tokens=OUTPUT_TOKENS, logprobs=TIE_CANDIDATES)
+        assert hit.cached_by_source.get("disk"), f"trial {trial}: nothing was loaded from disk ({hit.cached_by_source})"
+        want = recompute(endpoint, tokens, f"{kv_session.salt}|checked-recompute|{backend.name}|{trial}")
+        checks.append(compare_outputs(hit, want, lambda done, tokens=tokens: stream_completion(
+            endpoint, [*tokens, *done], OUTPUT_TOKENS - len(done), logprobs=TIE_CANDIDATES)))
+    return checks
+
+
+@pytest.mark.kv_servers("{backend}", "{backend}[stale]")
+def test_one_stale_block_is_caught_by_the_cells_comparator(kv_session, kv_backend):
+    """The control first: correct hits pass every trial, with every position compared; then one block
+    of each load kept from an earlier prompt (fault "stale") fails at least 19 of 20."""
+    if not kv_session.settings.model.has_weights:
+        pytest.skip("the run serves dummy weights (--kv-weights dummy)")
+    correct = checked_hits(kv_session, kv_backend)
+    stale = checked_hits(kv_session, with_connector_options(kv_backend, "stale", fault="stale"))
+    caught = sum(not c.matches for c in stale)
+    largest = max(c.largest_nats for c in correct)
+    kv_session.add_benchmark(
+        "output check", f"one stale block caught in {caught} of {TRIALS} trials; correct hits matched in "
+        f"{sum(c.matches for c in correct)} of {TRIALS}, largest logprob deviation {largest:.3f} nats, "
+        f"{sum(c.continued for c in correct)} continued past a near-tie",
+        {"stale_caught": caught, "trials": TRIALS, "correct_largest_nats": round(largest, 4),
+         "correct_continued": sum(c.continued for c in correct)})
+    assert all(c.matches for c in correct), [c.difference for c in correct if not c.matches]
+    assert all(c.compared == c.of == OUTPUT_TOKENS for c in correct), [(c.compared, c.of) for c in correct]
+    assert caught >= TRIALS - 1, f"one stale block changed the check in only {caught} of {TRIALS} trials"

@@ -17,7 +17,7 @@ from pytest_kvoffload.core.settings import Settings
 from pytest_kvoffload.rigged.emulated_drive import PacedChunkStore
 from pytest_kvoffload.rigged.knobs import needs_rig, split
 from pytest_kvoffload.rigged.planted_admission import PlantedAdmission, rule
-from pytest_kvoffload.rigged.planted_kv import planted
+from pytest_kvoffload.rigged.planted_kv import planted, stale_block
 from pytest_kvoffload.serve.backend import LaunchContext, with_connector_options
 from pytest_kvoffload.serve.builtin import default_registry
 
@@ -38,7 +38,7 @@ def test_the_deployed_connector_refuses_each_knob_in_one_line_and_the_rigged_one
     ({"read_gbps": 0}, "read_gbps 0 must be a number of GB/s above 0"),
     ({"read_gbps": "fast"}, "read_gbps 'fast' must be a number of GB/s above 0"),
     ({"read_latency_ms": -1}, "read_latency_ms -1 must be a number of milliseconds, 0 or more"),
-    ({"fault": "flip"}, "fault 'flip' must be one of zero, shift, alternate"),
+    ({"fault": "flip"}, "fault 'flip' must be one of zero, shift, alternate, stale"),
     ({"admission": "static:scale=0"}, "scale must be a number above 0"),
     ({"admission": "queue:no-fixed"}, "must be one of queue, static"),
     ({"io_threads": 0}, "io_threads 0 must be at least 1"),  # the product's own options, checked as before
@@ -70,6 +70,11 @@ def test_planted_kv_is_wrong_as_each_fault_says():
     assert not planted(src, "zero", 1).any()
     assert torch.equal(planted(src, "shift", 1)[:, 1], src[:, 0])
     assert not planted(src, "alternate", 1).any() and torch.equal(planted(src, "alternate", 2), planted(src, "shift", 1))
+    earlier = torch.full((2, 1, 4), -1.0)
+    stale = stale_block(src, 1, earlier)
+    assert torch.equal(stale[:, 1:2], earlier)  # one block stale, every other one right
+    assert torch.equal(stale[:, 0], src[:, 0]) and torch.equal(stale[:, 2], src[:, 2])
+    assert torch.equal(stale_block(src, 2, None)[:, 2], src[:, 0])  # no earlier block yet: another position's
 
 
 def test_planted_rules_are_the_product_rule_wrong_by_what_they_name():

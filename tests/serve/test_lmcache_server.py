@@ -8,7 +8,8 @@ import signal
 import pytest
 
 from pytest_kvoffload.measure.prompts import make_prompt
-from pytest_kvoffload.measure.runner import first_difference, recompute
+from pytest_kvoffload.measure.output_check import compare_outputs
+from pytest_kvoffload.measure.runner import recompute
 from pytest_kvoffload.serve.builtin import lmcache_disk as lmcache
 from pytest_kvoffload.serve.client import attach_sources, measure, stream_completion
 from pytest_kvoffload.serve.processes import group_has_live_members, shared_memory_files
@@ -61,7 +62,7 @@ def test_vanished_lmcache_files_are_a_counted_miss_with_the_right_output(kv_sess
     assert result.cached_by_source == {} and not result.connector.get("lmcache_mp_lookup_hit_tokens_total")
     assert lmcache.load_proof(result.connector, LENGTH - 1, kv_session.settings.kv_bytes_per_token) is not None
     reference = recompute(kv_server, tokens, f"{kv_session.salt}|lmcache|vanished|recompute")
-    assert first_difference(result.output_token_ids, reference.output_token_ids, reference.top_logprobs) is None
+    assert compare_outputs(result, reference).matches
 
 
 @pytest.mark.kv_kills_server

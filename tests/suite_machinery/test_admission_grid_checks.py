@@ -64,7 +64,7 @@ def test_the_real_rule_passes():
 
 @pytest.mark.parametrize("mode, wrong_side", [
     ("always", "below"), ("static:no-fixed", "below"), ("static:scale=0.67", "below"),
-    ("never", "above"), ("static:scale=1.5", "above"),
+    ("static:scale=0.75", "below"), ("never", "above"), ("static:scale=1.5", "above"), ("static:scale=1.3", "above"),
 ])
 def test_every_planted_rule_fails_naming_its_cells(mode, wrong_side):
     cells, multiples = rounds_of(mode)
@@ -74,22 +74,59 @@ def test_every_planted_rule_fails_naming_its_cells(mode, wrong_side):
     assert all(f"{v.prefix:,} tokens" in v.describe() for v in failed)
 
 
+def quiet(rate=1 / 32) -> judge.Noise:
+    """Noise as 30 quiet rounds measure it ((0 + 1) / 32 on each side), 3% spread."""
+    return judge.Noise(rate, rate, 0.03, 30)
+
+
 def test_a_rule_wrong_in_two_rounds_of_five_fails_and_in_one_does_not():
     right = judge.Decision(False, 1.0, 1.2, 1.0)
     wrong = judge.Decision(True, 1.3, 1.3, 1.0)
-    # p0 as 30 quiet rounds measure it ((0 + 1) / 32)
-    two = judge.judge({512: [wrong, wrong, right, right, right]}, {512: 0.8}, margin=0.02, p0=1 / 32)
-    one = judge.judge({512: [wrong, right, right, right, right]}, {512: 0.8}, margin=0.02, p0=1 / 32)
-    assert two[0].failed and not one[0].failed
+    two = judge.judge({512: [wrong, wrong, right, right, right]}, {512: 0.8}, margin=0.02, measured=quiet())
+    one = judge.judge({512: [wrong, right, right, right, right]}, {512: 0.8}, margin=0.02, measured=quiet())
+    assert two[0].failed and not one[0].failed and one[0].outcome == "met"
 
 
-def test_noise_measured_from_the_cold_pairs_widens_what_is_allowed():
-    assert judge.allowed_wrong(5, 1 / 32) == 1
-    assert judge.allowed_wrong(5, 0.3) >= 3
-    quiet = {p: [judge.Decision(True, 1.0, 1.0 + 0.01 * (i % 3 - 1), 1.0) for i in range(5)] for p in range(6)}
+def test_noise_measured_from_the_control_widens_what_is_allowed():
+    assert quiet().allowed(5, 0) == 1
+    assert judge.Noise(0.3, 0.3, 0.1, 30).allowed(5, 0) >= 3
+    calm = {p: [judge.Decision(True, 1.0, 1.0 + 0.01 * (i % 3 - 1), 1.0) for i in range(5)] for p in range(6)}
     noisy = {p: [judge.Decision(True, 1.0, 1.0 + 0.3 * (i % 3 - 1), 1.0) for i in range(5)] for p in range(6)}
-    assert judge.noise(quiet)[0] < judge.noise(noisy)[0]
-    assert judge.detectable_slowdown(5, 1, judge.noise(quiet)[1]) < judge.detectable_slowdown(5, 1, judge.noise(noisy)[1])
+    assert judge.noise(calm).up < judge.noise(noisy).up
+    assert judge.detectable_slowdown(5, 1, judge.noise(calm).sigma) < judge.detectable_slowdown(5, 1, judge.noise(noisy).sigma)
+
+
+def test_noise_is_read_on_the_side_a_decision_can_be_wrong_on():
+    # Rounds that only ever come out faster than their cell's median (a load that sometimes hides) make a
+    # declined round look wrong, never an admitted one: the admitted allowance stays that of quiet rounds.
+    faster = {p: [judge.Decision(True, 1.0, 1.0 if i % 3 else 0.8, 1.0) for i in range(6)] for p in range(6)}
+    n = judge.noise(faster, margin=0.02)
+    assert n.up == pytest.approx(1 / 38) and n.down > 0.3
+    assert n.allowed(5, 0) == 1 and n.allowed(0, 5) >= 3
+    # The control: the same strays above the median widen the admitted side instead.
+    slower = {p: [judge.Decision(True, 1.0, 1.0 if i % 3 else 1.25, 1.0) for i in range(6)] for p in range(6)}
+    assert judge.noise(slower, margin=0.02).allowed(5, 0) >= 3
+
+
+def test_the_power_is_the_beta_quantile_of_the_binomial():
+    # 5 rounds, 1 allowed: 2 of 5 above the cap with 90% needs each round above it with q = 0.5839
+    # (P(Binomial(5, q) >= 2) = 0.9), a log ratio 0.2119 sigma above the cap's.
+    assert judge.detectable_slowdown(5, 1, 0.05) == pytest.approx(1.1 * np.exp(0.05 * 0.2119) - 1, abs=1e-4)
+    assert judge.detectable_slowdown(9, 1, 0.05) < judge.detectable_slowdown(5, 1, 0.05)
+    assert judge.detectable_slowdown(5, 5, 0.05) == float("inf")
+
+
+def test_a_cell_too_noisy_to_judge_is_undecided_not_passed():
+    right = [judge.Decision(True, 1.0, 1.0, 1.0)] * 5
+    # Half its rounds allowed wrong: no wrong round, and still not a pass.
+    loud = judge.judge({512: right}, {512: 1.2}, margin=0.02, measured=judge.Noise(0.4, 0.4, 0.03, 30))
+    assert loud[0].undecided and loud[0].outcome == "undecided"
+    assert judge.undecided(loud) and judge.undecided(loud)[0].startswith("undecided: 512 tokens")
+    # Blind to twice the cap: a wide spread with few rounds.
+    blind = judge.judge({512: right}, {512: 1.2}, margin=0.02, measured=judge.Noise(1 / 32, 1 / 32, 0.8, 30))
+    assert blind[0].detectable > 2 * judge.CAP and blind[0].undecided
+    # The control: quiet noise, the same rounds pass.
+    assert judge.undecided(judge.judge({512: right}, {512: 1.2}, margin=0.02, measured=quiet())) == []
 
 
 def test_a_decline_is_wrong_only_past_the_margin_and_the_cap():

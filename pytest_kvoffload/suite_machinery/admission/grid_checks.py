@@ -37,7 +37,7 @@ from pytest_kvoffload.serve.backend import Backend, with_connector_options
 from pytest_kvoffload.serve.server import settle
 
 # Paired rounds per frontier cell in the judged phase, and of the probes behind a queue: five is the fewest
-# for which two wrong rounds are more than noise at a few percent explains (judge.allowed_wrong).
+# for which two wrong rounds are more than noise at a few percent explains (judge.Noise.allowed).
 JUDGED_ROUNDS = 5
 CALIBRATION_ROUNDS = 2
 # Probe rounds added before a machine is refused. A cell's figure is its rounds' median, so one disturbed
@@ -75,8 +75,9 @@ class Frontier:
 def measure_round(recorder: Recorder, backend: Backend, endpoint, prefix: int, r: int, frontier: Frontier) -> None:
     """A cold request and a tier-only hit of one (prefix + 1)-token prompt: the cold request is the hit's prime
     (the prompt is all prefix), so each round pays one prefill, not two, and the pair shares its tokens."""
-    length, check = prefix + 1, r == 0  # the hit's output compared with the cold one's once per cell
-    runner = CellRunner(recorder, backend, endpoint, Cell(length, 1.0, State.TIER_HIT), r, "measure", check,
+    # Every round's hit output is compared with its cold twin's (no extra prefill): a rule that loads wrong
+    # KV must fail here, whatever its timing.
+    runner = CellRunner(recorder, backend, endpoint, Cell(prefix + 1, 1.0, State.TIER_HIT), r, "measure",
                         cold_prime=True)
     hit, cold = runner.run(1), runner.colds
     frontier.failures += [f"{c.cell.id}: {f}" for c in (cold, hit) for f in c.failures]
@@ -131,6 +132,7 @@ class AdmissionRun:
     bursts: dict
     queue_verdicts: list[judge.CellVerdict]
     mode: str
+    noise: judge.Noise
     too_noisy: str | None = None
 
     @property
@@ -217,11 +219,13 @@ def calibrate(recorder: Recorder, servers: Servers, slow: Backend, target: int, 
 
 def too_noisy(tier: dict, kv_bytes: int) -> str | None:
     """Whether the rule's margin makes it as conservative as the planted static:scale=1.5 (then the suite
-    cannot tell the real rule from that near miss and says so)."""
+    cannot tell the real rule from that near miss and says so). An unresolved bandwidth (loads too small
+    to time their transfer) is decided too: the loads then cost their fixed part, which the 1.5x rule scales."""
     enforced = tier.get("enforced_break_even_prefix_tokens")
-    if not tier.get("bandwidth_gbps") or enforced is None:
+    if enforced is None:
         return None
-    fit = TierFit(tier["bandwidth_gbps"] * 1e9, tier["fixed_s"], 0)
+    bandwidth = tier.get("bandwidth_gbps")
+    fit = TierFit(bandwidth * 1e9 if bandwidth else math.inf, tier["fixed_s"], 0)
     planted = planted_break_even(fit, RecomputeFit(**tier["recompute"]), kv_bytes, 1.5)
     if enforced >= planted:
         return (f"the calibrated margin ({tier.get('margin', 0):.0%}) makes the rule take loads from {enforced:,.0f} "
@@ -290,13 +294,16 @@ def judged_run(recorder: Recorder, servers: Servers, backend: Backend, mode: str
     servers.release(guarded_backend.name)
     servers.release(slow.name)
     margin = calibration["tiers"][backend.name].get("margin", 0.0)
-    verdicts = judge.judge(decisions(control.cells, guarded.cells, grid_figures), multiples, margin)
+    frontier_decisions = decisions(control.cells, guarded.cells, grid_figures)
+    noise = judge.noise(frontier_decisions, margin)
+    verdicts = judge.judge(frontier_decisions, multiples, margin, measured=noise)
+    # The queue cell alone has too few rounds to measure noise: the frontier's, from every cell, judges it.
     queue = judge.judge(decisions({k[0] - 1: c["rounds"] for k, c in control_bursts.items()},
                                   {k[0] - 1: c["rounds"] for k, c in bursts.items()}, burst_figures),
-                        {k[0] - 1: (k[0] - 1) / measured for k in bursts}, margin,
+                        {k[0] - 1: (k[0] - 1) / measured for k in bursts}, margin, measured=noise,
                         declines=mode.startswith("queue"))
     run = AdmissionRun(drive, probe, step, target, measured, calibration, calibration_pass, control, guarded, multiples,
-                       verdicts, control_bursts, bursts, queue, mode,
+                       verdicts, control_bursts, bursts, queue, mode, noise,
                        too_noisy(calibration["tiers"][backend.name], kv_bytes))
     recorder.add_benchmark("admission", summary(run), benchmark_data(run))
     return run
@@ -320,6 +327,7 @@ def summary(run: AdmissionRun) -> str:
     tier = run.tier
     wrong = judge.failures(run.verdicts)
     queue_wrong = judge.failures(run.queue_verdicts)
+    unsure = judge.undecided(run.verdicts + run.queue_verdicts)
     lines = [
         run.drive.describe(),
         f"break-even prefix p*: designed {run.design_p_star:,}, interpolated from the control's hit/cold ratios "
@@ -330,8 +338,10 @@ def summary(run: AdmissionRun) -> str:
         "medians; wrong: admitted and slower than the cap, or declined where the control's load paid by more "
         "than margin + cap):",
         frontier_table(run),
-        noise_line(run.verdicts),
+        noise_line(run.noise),
         f"wrong decisions beyond noise: {len(wrong)} cells" + (": " + "; ".join(wrong) if wrong else ""),
+        f"undecided (too noisy to pass; more rounds would decide): {len(unsure)} cells"
+        + (": " + "; ".join(unsure) if unsure else ""),
         "behind a queue (control, then guarded):",
         burst_table(run.bursts) if run.bursts else "(no probes)",
         f"queue decisions judged in {len(run.queue_verdicts)} cells, wrong beyond noise in {len(queue_wrong)}"
@@ -342,19 +352,22 @@ def summary(run: AdmissionRun) -> str:
     return "\n".join(lines)
 
 
-def noise_line(verdicts: list[judge.CellVerdict]) -> str:
-    p0, sigma = judge.noise({v.prefix: v.decisions for v in verdicts})
-    return (f"noise: {p0:.1%} of rounds (Laplace estimate) lie more than the cap from their cell's median, spread "
-            f"{sigma:.1%} (log sd); a cell fails beyond the wrong rounds that explains at {judge.CONFIDENCE:.0%}")
+def noise_line(noise: judge.Noise) -> str:
+    return (f"noise, over {noise.rounds} rounds (Laplace estimates): {noise.up:.1%} lie above their cell's median "
+            f"by more than the cap (an admitted round looks wrong), {noise.down:.1%} below it by more than a "
+            f"decline's threshold; spread {noise.sigma:.1%} (log sd); a cell fails beyond the wrong rounds that "
+            f"explains at {judge.CONFIDENCE:.0%}, and is undecided where that reaches half its rounds or leaves "
+            f"it blind to a slowdown of twice the cap")
 
 
 def benchmark_data(run: AdmissionRun) -> dict:
     def cells(verdicts):
         return [{"prefix": v.prefix, "multiple": round(v.multiple, 3), "rounds": len(v.decisions),
-                 "admitted": v.admitted, "wrong": v.wrong, "noise_allows": v.allowed,
+                 "admitted": v.admitted, "wrong": v.wrong, "noise_allows": v.allowed, "outcome": v.outcome,
                  "detectable_slowdown": v.detectable if math.isfinite(v.detectable) else None,
                  "decisions": [dataclasses.asdict(d) for d in v.decisions]} for v in verdicts]
     return {"drive": {**run.drive.options(), "target_p_star": run.design_p_star, "early_cost": run.drive.early_cost,
                       "late_cost": run.drive.late_cost},
             "mode": run.mode, "measured_p_star": run.measured_p_star, "calibration": run.calibration,
-            "frontier": cells(run.verdicts), "queue": cells(run.queue_verdicts), "too_noisy": run.too_noisy}
+            "frontier": cells(run.verdicts), "queue": cells(run.queue_verdicts), "too_noisy": run.too_noisy,
+            "noise": dataclasses.asdict(run.noise)}

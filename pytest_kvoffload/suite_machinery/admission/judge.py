@@ -9,16 +9,18 @@ load taken), each a tier-only hit and a cold request of the same prompt length:
   the rule's margin plus the cap (control hit / control cold < 1 - margin - cap): only then did declining
   cost something the rule was meant to take.
 
-A right rule can still look wrong in a round by noise. How often is measured, not assumed: a round's paired
-ratio (the control's hit / cold) lies more than the cap from its cell's median in a share p0 of all rounds
-(pooled over the cells; a Laplace estimate, (k + 1) / (n + 2)). Cold requests of the two servers are not
-compared: two servers of one build may differ in speed, which moves neither server's own hit/cold ratio. A cell fails when its wrong rounds are more
-than Binomial(rounds, p0) reaches with probability 1 - CONFIDENCE: at 95%, with p0 near 3% and five rounds,
-two wrong rounds fail a cell and one does not. Not by majority vote: a rule wrong in 2 rounds of 5 fails.
+A right rule can still look wrong in a round by noise. How often is measured, not assumed, and on the side
+that matters (analysis/wrong_rounds.py): an admitted round looks wrong when its ratio strays above its cell's
+median by more than the cap, a declined one when it strays below by more than the cap leaves of 1 - margin;
+each rate is the share of all frontier rounds' control ratios (hit / cold) that stray so far that way
+(a Laplace estimate). Cold requests of the two servers are not compared: two servers of one build may
+differ in speed, which moves neither server's own hit/cold ratio. A cell fails when its wrong rounds are
+more than noise reaches with probability 1 - CONFIDENCE: at 95%, with rates near 3% and five rounds, two
+wrong rounds fail a cell and one does not. Not by majority vote: a rule wrong in 2 rounds of 5 fails.
 
-The smallest slowdown a cell can show (`detectable_slowdown`): the true hit/cold ratio above which that
-many wrong rounds come with 90% probability, given the rounds' log-normal spread (sigma, from the same
-deviations).
+The allowance is bounded: a cell whose allowed wrong rounds reach half its rounds, or whose detectable
+slowdown (the true slowdown whose rounds exceed the allowance with 90% probability) exceeds twice the cap,
+is undecided, not passed: the summary names it (more rounds would decide it).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pytest_kvoffload.analysis import wrong_rounds
+from pytest_kvoffload.analysis.outcome import MET, MISSED, UNDECIDED
 from pytest_kvoffload.core.tolerances import ADMISSION_CAP
 
 CAP = ADMISSION_CAP  # a hit up to 10% slower than recompute is within the suite's tolerance (core/tolerances.py)
@@ -57,10 +61,20 @@ class CellVerdict:
     wrong: int = 0
     allowed: int = 0  # wrong rounds noise explains at CONFIDENCE
     detectable: float = math.inf  # the smallest slowdown this cell shows (0.25: 25% slower)
+    cap: float = CAP
 
     @property
     def failed(self) -> bool:
         return self.wrong > self.allowed
+
+    @property
+    def undecided(self) -> bool:
+        """Not failed, yet too noisy to pass: half its rounds allowed wrong, or blind to twice the cap."""
+        return not self.failed and (2 * self.allowed >= len(self.decisions) or self.detectable > 2 * self.cap)
+
+    @property
+    def outcome(self) -> str:
+        return MISSED if self.failed else UNDECIDED if self.undecided else MET
 
     @property
     def admitted(self) -> int:
@@ -69,74 +83,67 @@ class CellVerdict:
     def describe(self) -> str:
         n = len(self.decisions)
         med = lambda xs: float(np.median(xs)) if xs else math.nan  # noqa: E731
-        return (f"{self.prefix:,} tokens ({self.multiple:.2f} p*): {self.admitted}/{n} admitted, {self.wrong}/{n} wrong "
+        return (f"{self.outcome}: {self.prefix:,} tokens ({self.multiple:.2f} p*): {self.admitted}/{n} admitted, {self.wrong}/{n} wrong "
                 f"(noise explains {self.allowed}); control hit/cold {med([d.control_ratio for d in self.decisions]):.2f}, "
                 f"guarded {med([d.guarded_ratio for d in self.decisions]):.2f}; detects a slowdown from "
                 f"{self.detectable:.0%}")
 
 
-def binomial_tail(n: int, p: float, k: int) -> float:
-    """P(X >= k) for X ~ Binomial(n, p)."""
-    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
+@dataclass(frozen=True)
+class Noise:
+    """How often a right decision looks wrong by noise, on each side, and the rounds' spread."""
+    up: float     # the share of rounds above their cell's median by more than the cap (admitted looks wrong)
+    down: float   # ... below it by more than a decline's threshold (declined looks wrong)
+    sigma: float  # the log ratios' spread around their cells' medians
+    rounds: int
+
+    def allowed(self, admitted: int, declined: int, confidence: float = CONFIDENCE) -> int:
+        return wrong_rounds.allowed_wrong(admitted, declined, self.up, self.down, confidence)
 
 
-def allowed_wrong(n: int, p0: float, confidence: float = CONFIDENCE) -> int:
-    """The most wrong rounds of n that noise at rate p0 explains: more has probability below 1 - confidence."""
-    k = 0
-    while k < n and binomial_tail(n, p0, k + 1) >= 1 - confidence:
-        k += 1
-    return k
-
-
-def noise(cells: dict[int, list[Decision]], cap: float = CAP) -> tuple[float, float]:
-    """(p0, sigma): how often a round's control ratio lies more than the cap from its cell's median, and the
-    spread of those log deviations, robust to the odd outlier (1.4826 x their median absolute value, the
-    normal's sd; one slow load in 30 rounds must not make every cell blind)."""
-    logs, dof = [], 0
+def noise(cells: dict[int, list[Decision]], margin: float = 0.0, cap: float = CAP) -> Noise:
+    """The control's hit/cold ratios' deviations from their cells' medians, read on each side (the module's
+    doc); one slow load in 30 rounds must not make every cell blind, so sigma is robust."""
+    logs, fitted = [], 0
     for ds in cells.values():
         ratios = [d.control_ratio for d in ds if d.control_ratio > 0]
         if len(ratios) < 2:
             continue
         centre = float(np.median(ratios))
         logs += [math.log(r / centre) for r in ratios]
-        dof += len(ratios) - 1
-    beyond = sum(abs(x) > math.log(1 + cap) for x in logs)
-    p0 = (beyond + 1) / (len(logs) + 2)
-    # Each cell's median is fitted: n / (n - 1) for the deviations it zeroes.
-    sigma = 1.4826 * float(np.median(np.abs(logs))) * math.sqrt(len(logs) / dof) if dof else math.inf
-    return p0, sigma
+        fitted += 1
+    down = math.log(max(1e-6, 1 - cap / max(1e-6, 1 - margin)))
+    return Noise(wrong_rounds.side_rate(logs, math.log(1 + cap), upper=True),
+                 wrong_rounds.side_rate(logs, down, upper=False), wrong_rounds.robust_sigma(logs, fitted), len(logs))
 
 
 def detectable_slowdown(n: int, allowed: int, sigma: float, cap: float = CAP, power: float = POWER) -> float:
-    """The true slowdown d (hit/cold = 1 + d) at which more than `allowed` of n rounds land above 1 + cap
-    with probability `power`, each round's log ratio normal around log(1 + d) with spread sigma."""
-    if not math.isfinite(sigma) or allowed >= n:
-        return math.inf
-    for step in range(1, 1001):
-        d = step / 200  # 0.5% steps up to 5x slower
-        z = (math.log(1 + d) - math.log(1 + cap)) / max(sigma, 1e-6)
-        q = 0.5 * (1 + math.erf(z / math.sqrt(2)))
-        if binomial_tail(n, q, allowed + 1) >= power:
-            return d
-    return math.inf
+    return wrong_rounds.detectable_slowdown(n, allowed, sigma, cap, power)
 
 
 def judge(cells: dict[int, list[Decision]], multiples: dict[int, float], margin: float, cap: float = CAP,
-          confidence: float = CONFIDENCE, p0: float | None = None, declines: bool = True) -> list[CellVerdict]:
-    """Each cell's decisions judged against noise measured over all of them (or the given p0). Without
-    `declines` only admitted rounds can be wrong: behind a queue, a rule that does not count the queue
-    (static, online) is not meant to take the loads the queue hides."""
-    measured_p0, sigma = noise(cells, cap)
-    p0 = measured_p0 if p0 is None else p0
+          confidence: float = CONFIDENCE, measured: Noise | None = None, declines: bool = True) -> list[CellVerdict]:
+    """Each cell's decisions judged against noise measured over all of them, or `measured` (the queue cells
+    are judged with the frontier's). Without `declines` only admitted rounds can be wrong: behind a queue, a
+    rule that does not count the queue (static, online) is not meant to take the loads the queue hides."""
+    measured = noise(cells, margin, cap) if measured is None else measured
     verdicts = []
     for prefix in sorted(cells):
         ds = cells[prefix]
+        admitted = sum(d.admitted for d in ds)
         v = CellVerdict(prefix, multiples.get(prefix, math.nan), list(ds), sum(d.wrong(margin, cap, declines) for d in ds),
-                        allowed_wrong(len(ds), p0, confidence))
-        v.detectable = detectable_slowdown(len(ds), v.allowed, sigma, cap)
+                        measured.allowed(admitted, len(ds) - admitted if declines else 0, confidence), cap=cap)
+        v.detectable = detectable_slowdown(len(ds), v.allowed, measured.sigma, cap)
         verdicts.append(v)
     return verdicts
 
 
 def failures(verdicts: list[CellVerdict]) -> list[str]:
+    """The cells wrong beyond noise."""
     return [v.describe() for v in verdicts if v.failed]
+
+
+def undecided(verdicts: list[CellVerdict]) -> list[str]:
+    """The cells too noisy to pass. Reported, not yet failed: until the suite measures more rounds of such a
+    cell (issue 58's rounds until decided), failing them would fail a right rule on a noisy machine."""
+    return [v.describe() for v in verdicts if v.undecided]
