@@ -326,3 +326,27 @@ def test_engines_a_little_apart_are_told_from_equal_ones_over_seven_rounds():
     assert within_cap([1.06 * n for n in noise])
     # The make test run that failed at 384 tokens (kvoffload-disk 9 ms slower in 4 of 5 rounds).
     assert not within_cap([149 / 68, 75 / 75, 74 / 65, 75 / 66, 69 / 60])
+
+
+def test_the_drive_probe_reads_the_lengths_its_first_server_decided(monkeypatch):
+    """On a CPU too slow for the longest default length, the first server's start drops it from the grid
+    (measure/grid_lengths.py): the admission suite, often the first to start one, must read the lengths after."""
+    from types import SimpleNamespace
+
+    from pytest_kvoffload.suite_machinery.admission import grid_checks
+
+    class Used(Exception):
+        pass
+
+    def design_target(lengths, unit):
+        raise Used(tuple(lengths))
+
+    monkeypatch.setattr(grid_checks, "design_target", design_target)
+    started = []
+    servers = SimpleNamespace(endpoint=lambda backend: started.append(backend) or object())
+    recorder = SimpleNamespace(settings=SimpleNamespace(kv_bytes_per_token=KV, block_size=BLOCK),
+                               lengths=lambda: (512, 1024, 2048) if started else (512, 1024, 2048, 4096),
+                               progress=lambda line: None)
+    with pytest.raises(Used) as used:
+        grid_checks.probe_drive(recorder, servers, SimpleNamespace(name="kvoffload-disk"), judge.CAP)
+    assert used.value.args[0] == (512, 1024, 2048)

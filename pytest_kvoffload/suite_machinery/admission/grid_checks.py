@@ -149,8 +149,10 @@ def probe_drive(recorder: Recorder, servers: Servers, backend: Backend,
     """The unthrottled server's grid, fitted, and the drive that puts the break-even at the design target; the
     probe's rounds carry its failed verifications."""
     settings = recorder.settings
-    lengths, kv_bytes = recorder.lengths(), settings.kv_bytes_per_token
+    # The first server's start decides the grid's lengths from its prefill speed (measure/grid_lengths.py):
+    # read them after it, or a slow CPU's admission frontier runs at lengths the grid left out.
     endpoint = servers.endpoint(backend)
+    lengths, kv_bytes = recorder.lengths(), settings.kv_bytes_per_token
     recorder.progress(f"admission: measuring {backend.name} unthrottled to choose the emulated drive")
     probe = Frontier(backend.name)
     target = design_target(lengths, settings.block_size)
