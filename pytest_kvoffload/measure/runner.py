@@ -32,6 +32,12 @@ def recompute(endpoint: Endpoint, tokens: list[int], salt: str, max_tokens: int 
     return stream_completion(endpoint, tokens, max_tokens, cache_salt=salt, logprobs=TIE_CANDIDATES)
 
 
+def continuation(endpoint: Endpoint, prompt: list[int]) -> Callable[[list[int]], RequestResult]:
+    """The output check's second hit past a near-tie: the prompt plus the recompute's tokens up to it."""
+    return lambda done: stream_completion(endpoint, [*prompt, *done], OUTPUT_TOKENS - len(done),
+                                          logprobs=TIE_CANDIDATES)
+
+
 @dataclass
 class CellOutcome:
     cell: Cell
@@ -186,9 +192,7 @@ class CellRunner:
         if reference is None:
             salt = f"{self.recorder.salt}|recompute|{self.backend.name}|{self.cell.id}|{self._round}"
             reference = recompute(self.endpoint, self._prompt.tokens, salt)
-        prompt = self._prompt.tokens
-        return compare_outputs(result, reference, lambda tokens: stream_completion(
-            self.endpoint, [*prompt, *tokens], OUTPUT_TOKENS - len(tokens), logprobs=TIE_CANDIDATES))
+        return compare_outputs(result, reference, continuation(self.endpoint, self._prompt.tokens))
 
     def teardown(self, tokens: list[int] | None = None) -> None:
         """After each round, outside the timed part: sources, checks and the record."""

@@ -21,9 +21,9 @@ import pytest
 from pytest_kvoffload.serve.backend import with_connector_options
 from pytest_kvoffload.measure.cells import Cell
 from pytest_kvoffload.core.cell_state import State
-from pytest_kvoffload.serve.client import measure, stream_completion
+from pytest_kvoffload.serve.client import measure
 from pytest_kvoffload.measure.output_check import TIE_CANDIDATES, compare_outputs
-from pytest_kvoffload.measure.runner import OUTPUT_TOKENS, CellRunner, recompute
+from pytest_kvoffload.measure.runner import OUTPUT_TOKENS, CellRunner, continuation, recompute
 from pytest_kvoffload.core.models import load_model
 from pytest_kvoffload.measure.prompts import make_prompt
 
@@ -128,8 +128,7 @@ def checked_hits(kv_session, backend) -> list:
         hit = measure(endpoint, tokens, max_tokens=OUTPUT_TOKENS, logprobs=TIE_CANDIDATES)
         assert hit.cached_by_source.get("disk"), f"trial {trial}: nothing was loaded from disk ({hit.cached_by_source})"
         want = recompute(endpoint, tokens, f"{kv_session.salt}|checked-recompute|{backend.name}|{trial}")
-        checks.append(compare_outputs(hit, want, lambda done, tokens=tokens: stream_completion(
-            endpoint, [*tokens, *done], OUTPUT_TOKENS - len(done), logprobs=TIE_CANDIDATES)))
+        checks.append(compare_outputs(hit, want, continuation(endpoint, tokens)))
     return checks
 
 
