@@ -99,13 +99,15 @@ def _report(args) -> int:
 def _compare_pair(label: str, base: dict, new: dict, limits: dict, allow_missing: bool) -> tuple[list[str], int, object]:
     """Print one comparison's verdicts; return what fails the gate, one line each, how many are undecided, and
     the comparison (analysis/run_gate.Comparison)."""
-    from pytest_kvoffload.analysis.run_gate import compare, missing_backends
+    from pytest_kvoffload.analysis.run_gate import compare, missing_backends, same_rounds
     from pytest_kvoffload.core.tolerances import GATE_P90_ROUNDS
 
     result = compare(base, new, limits["p50"], limits["p90"])
     print(f"{label}: base {base.get('run_id')}  new {new.get('run_id')}")
-    print(f"per backend and state, median TTFT new/base, 95% interval on the noise pooled over its cells "
-          f"(at most {1 + limits['p50']:.2f}):")
+    print(f"per backend and state, median TTFT new/base, bounds each one-sided at 95% on the noise pooled over "
+          f"its cells (at most {1 + limits['p50']:.2f}):")
+    if same_rounds(base, new):
+        print("  the same run on both sides: its rounds are the same, so every ratio is exactly 1")
     for group in result.groups:
         print(f"  {group.text()}")
     rows = [["/".join(map(str, key[:1])), key[1], f"{key[2]:g}", key[3], f"{b * 1e3:,.1f}", f"{n * 1e3:,.1f}",

@@ -67,3 +67,13 @@ def t_halfwidth(se: float, df: float, confidence: float = CONFIDENCE) -> float:
     if se == 0:
         return 0.0
     return t_quantile(df, confidence) * se
+
+
+def t_bound_halfwidth(se: float, df: float, confidence: float = CONFIDENCE) -> float:
+    """How far a one-sided bound at `confidence` lies from an estimate with standard error `se` on `df`
+    degrees of freedom (a verdict that is "at most a limit" tests each side on its own: see analysis/outcome.py)."""
+    if se == 0:
+        return 0.0
+    if df < 1:
+        return math.inf
+    return float(stats.t.ppf(confidence, df)) * se

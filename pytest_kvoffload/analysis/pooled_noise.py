@@ -13,7 +13,8 @@ fitted by non-negative least squares to each cell's sample variance, weighted by
 seen in make bench): a cell whose variance the model explains with p < STALL_P (an F test) is left out of the
 fit, and judged on its own variance instead. A cell's centre is the median of its rounds' logs (Var(median)
 per unit variance simulated once, seeded: median_variance); its change is the ratio of its centres, new over
-base, with a t interval; a group's change is the inverse-variance weighted mean of its cells' log ratios.
+base, with t bounds each one-sided at 95% (met and missed are one-sided tests: analysis/outcome.py); a
+group's change is the inverse-variance weighted mean of its cells' log ratios.
 Stated assumptions: rounds are independent, log-normal around their cell's centre apart from stalls, with
 one (A, B) per group in both runs. tests/analysis/test_pooled_noise.py holds it to simulated runs, stalls
 included, and a run compared with itself passes.
@@ -29,7 +30,7 @@ import numpy as np
 from scipy import stats
 from scipy.optimize import nnls
 
-from pytest_kvoffload.analysis.intervals import t_halfwidth
+from pytest_kvoffload.analysis.intervals import t_bound_halfwidth
 
 # Degrees of freedom the fit of (A, B) spends; the level at which a cell's variance is a stall's.
 FIT_PARAMETERS = 2
@@ -119,7 +120,7 @@ def _cell(base: list[float], new: list[float], noise: Noise) -> tuple[float, flo
 
 
 def _change(d: float, variance: float, noise: Noise, rounds: tuple[int, int]) -> Change:
-    half = t_halfwidth(math.sqrt(variance), noise.df) if math.isfinite(variance) else math.inf
+    half = t_bound_halfwidth(math.sqrt(variance), noise.df) if math.isfinite(variance) else math.inf
     return Change(math.exp(d), math.exp(d - half) if math.isfinite(half) else 0.0,
                   math.exp(d + half) if math.isfinite(half) else math.inf, rounds)
 

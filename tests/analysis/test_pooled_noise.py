@@ -31,18 +31,24 @@ def test_an_absolute_jitter_weighs_on_short_cells_and_not_on_long_ones():
     assert noise.variance(0.05) ** 0.5 > 0.06 and noise.variance(1.0) ** 0.5 < 0.02  # 4 ms: 8% and 0.4%
 
 
-def test_intervals_cover_95_percent_of_equal_runs_per_cell_and_per_group():
+def test_each_bound_is_one_sided_at_95_percent_per_cell_and_per_group():
+    """Met and missed are one-sided tests, so each bound is wrong for about 5% of equal runs (the interval
+    between them covers about 90%). Measured: a cell's 3.3 and 3.6%, a group's 5.5 and 6.4% (the weighted mean
+    of medians of 3 rounds runs a little wide of the t it is given)."""
     rng = np.random.default_rng(2)
-    cell_hits = group_hits = trials = 0
-    for _ in range(1500):
+    above = {"cell": 0, "group": 0}
+    below = dict(above)
+    trials = 1500
+    for _ in range(trials):
         base, new = runs(rng, 8, 3, 0.06)
         noise = Noise.pooled(base + new)
-        c = cell_change(base[0], new[0], noise)
-        g = group_change(list(zip(base, new)), noise)
-        cell_hits += c.low <= 1 <= c.high
-        group_hits += g.low <= 1 <= g.high
-        trials += 1
-    assert 0.93 <= cell_hits / trials <= 0.97 and 0.93 <= group_hits / trials <= 0.97
+        for name, change in (("cell", cell_change(base[0], new[0], noise)),
+                             ("group", group_change(list(zip(base, new)), noise))):
+            above[name] += change.high < 1
+            below[name] += change.low > 1
+    for side in (above, below):
+        for name in side:
+            assert 0.025 <= side[name] / trials <= 0.07, (name, above, below)
 
 
 def test_equal_runs_of_three_rounds_are_met_by_their_group_and_a_12_percent_slowdown_is_missed():

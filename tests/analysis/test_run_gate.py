@@ -51,6 +51,20 @@ def test_a_run_compared_with_itself_passes(tmp_path, capsys):
     assert "UNDECIDED" not in capsys.readouterr().err
 
 
+def test_a_noisy_run_compared_with_itself_passes_and_its_rounds_under_another_name_do_not(tmp_path, capsys):
+    """The same run on both sides: every ratio is exactly 1. The control: the same numbers recorded as another
+    run are two runs whose noise (30% a round, 3 rounds) bounds nothing, so they stay undecided."""
+    import json
+    base, _ = one_cell_runs(tmp_path, 1.0, 0.3, rounds=3)
+    assert main(["compare", base, base]) == 0
+    assert "the same run on both sides" in capsys.readouterr().out
+    other = json.loads((Path(base) / "run.json").read_text())
+    other["run_id"] = "another"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "run.json").write_text(json.dumps(other))
+    assert main(["compare", base, str(tmp_path / "other")]) == 3
+
+
 def test_a_regression_below_the_threshold_passes(tmp_path):
     base = write_run(tmp_path / "base", CELLS)
     slower = {k: v * 1.3 for k, v in CELLS.items()}
