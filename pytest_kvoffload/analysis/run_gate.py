@@ -2,13 +2,13 @@
 
 The gate decides per backend and state (a backend's TTFT in one state across the grid) and per cell, each a
 ratio new / base of median TTFT with bounds on the noise both runs measured, pooled over cells
-(analysis/pooled_noise.py says why and what it assumes; noise_group says which cells share it). Each bound is
-one-sided at 95% (the interval printed is 90%): met is the test "at most the limit", missed "past half of
-it", each wrong at most 5% of the time; two-sided bounds left a run of 3 rounds compared with itself undecided. Each comes
-out met (the interval within --fail-above), missed (past the limit, and slower than half of it at 95%:
-shown) or undecided. A cell whose interval straddles the
-limit while its estimate is within it is left to its group, which pools the grid's cells and is narrower;
-one whose estimate is past the limit but whose slowdown the noise cannot confirm is undecided. A p90 is
+(analysis/pooled_noise.py says why and what it assumes; noise_group says which cells share it). Each comes
+out met (the upper bound within --fail-above), missed (past the limit, and the lower bound past half of it:
+shown) or undecided; each bound is one-sided at 95% (the printed interval is a 90% one), since met and missed
+are each a one-sided test (two-sided bounds left a run of 3 rounds undecided against itself). A cell whose
+interval straddles the limit while its estimate is within it is left to its group, which pools the grid's
+cells and is narrower; one whose estimate is past the limit but whose slowdown the noise cannot confirm is
+undecided. A p90 is
 compared only where both runs have core/tolerances.GATE_P90_ROUNDS rounds of the cell (else it says so),
 with distribution-free intervals on each run's p90. Comparing each night with a pinned baseline as well as
 with the previous night stops slow drift (5% a night passes each night-to-night gate, not the pin).
