@@ -9,7 +9,8 @@ declined one when the control's load of that cell and round paid by more than th
 cap. "Never slower" means: in no cell more wrong rounds than noise explains at 95% confidence (noise measured
 on the side each decision can be wrong on, as how often the control's hit/cold ratios stray that far from
 their cell's median); the summary prints, per cell, the smallest slowdown its rounds detect with 90%
-probability, and names the cells too noisy to pass (undecided). Every round's hit output is checked.
+probability; a cell too noisy to decide is measured again and judged on all its rounds, and one still
+undecided fails. Every round's hit output is checked.
 
 The controls with which this suite must fail, naming the cells: always, never, static:scale=0.67,
 static:scale=0.75, static:scale=1.3, static:scale=1.5, static:no-fixed (--kv-admission=...), and
@@ -57,6 +58,12 @@ def test_the_rule_can_be_told_from_a_near_miss(admission):
 def test_no_decision_is_wrong_beyond_noise(admission):
     found = judge.failures(admission.verdicts)
     assert not found, f"rule {admission.mode}: " + "; ".join(found)
+
+
+def test_no_cell_is_left_undecided(admission):
+    # Undecided is not a pass: a cell still too noisy after its second look (judge.until_decided) fails here.
+    unsure = judge.undecided(admission.verdicts + admission.queue_verdicts)
+    assert not unsure, f"rule {admission.mode}: " + "; ".join(unsure)
 
 
 def test_declined_loads_move_no_tier_tokens(admission):

@@ -267,26 +267,20 @@ def judged_run(recorder: Recorder, servers: Servers, backend: Backend, mode: str
     n = max(JUDGED_ROUNDS, rounds)
     recorder.progress(f"admission: {slow.name} and {guarded_backend.name} (rule {mode}) interleaved, {n} rounds "
                       f"of {', '.join(map(str, multiples))} tokens (measured p* {measured:,.0f})")
-    tracker = Tracker(recorder.progress, "admission frontier", n, "rounds")
     # The guarded server has just started and warmed up (its saves may still be writing): its first round too
     # begins with both servers quiet (a control cold round beside a save ran five times slower).
     settle(endpoints)
-    last = None
-    for r in range(n):
-        order = ((slow, endpoints[0], control), (guarded_backend, endpoints[1], guarded))
-        # Who goes first alternates, so a round's second server is the next round's first: one switch a
-        # round, each once both servers are quiet (serve/server.settle), since a vLLM worker busy-polls
-        # for a second after its last request on the core the other server computes on (a control cold
-        # of 257 tokens took 508 and 892 ms instead of 40 right after a switch).
-        for b, e, f in (order if r % 2 == 0 else order[::-1]):
-            if last is not None and last != b.name:
-                settle(endpoints)
-            last = b.name
-            for prefix in multiples:
-                measure_round(recorder, b, e, prefix, CALIBRATION_ROUNDS + r, f)
-        tracker.step(f"round {r + 1}")
-    if last != guarded_backend.name:
-        settle(endpoints)
+    pair = ((slow, endpoints[0], control), (guarded_backend, endpoints[1], guarded))
+    interleave(recorder, pair, list(multiples), 0, n, "admission frontier")
+
+    def measure_more(prefixes: list[int], more: int) -> dict[int, list[judge.Decision]]:
+        recorder.progress(f"admission: {len(prefixes)} cell(s) undecided ({', '.join(map(str, prefixes))} tokens); "
+                          f"{more} more interleaved rounds of them")
+        interleave(recorder, pair, prefixes, n, more, "admission, undecided cells")
+        return decisions(control.cells, guarded.cells, grid_figures)
+    margin = calibration["tiers"][backend.name].get("margin", 0.0)
+    verdicts, noise = judge.until_decided(decisions(control.cells, guarded.cells, grid_figures), multiples, margin,
+                                          measure_more)
     bursts = {}
     for r in range(JUDGED_ROUNDS):
         for key in control_bursts:
@@ -295,10 +289,6 @@ def judged_run(recorder: Recorder, servers: Servers, backend: Backend, mode: str
                 bursts.setdefault(k, {**cell, "rounds": []})["rounds"] += cell["rounds"]
     servers.release(guarded_backend.name)
     servers.release(slow.name)
-    margin = calibration["tiers"][backend.name].get("margin", 0.0)
-    frontier_decisions = decisions(control.cells, guarded.cells, grid_figures)
-    noise = judge.noise(frontier_decisions, margin)
-    verdicts = judge.judge(frontier_decisions, multiples, margin, measured=noise)
     # The queue cell alone has too few rounds to measure noise: the frontier's, from every cell, judges it.
     queue = judge.judge(decisions({k[0] - 1: c["rounds"] for k, c in control_bursts.items()},
                                   {k[0] - 1: c["rounds"] for k, c in bursts.items()}, burst_figures),
@@ -309,6 +299,26 @@ def judged_run(recorder: Recorder, servers: Servers, backend: Backend, mode: str
                        too_noisy(calibration["tiers"][backend.name], kv_bytes))
     recorder.add_benchmark("admission", summary(run), benchmark_data(run))
     return run
+
+
+def interleave(recorder: Recorder, pair: tuple, prefixes: list[int], first: int, rounds: int, label: str) -> None:
+    """`rounds` rounds of each prefix on the control and the guarded server, (backend, endpoint, Frontier)
+    each, the server that goes first alternating, so a round's second server is the next round's first: one
+    switch a round, each once both servers are quiet (serve/server.settle), since a vLLM worker busy-polls
+    for a second after its last request on the core the other server computes on (a control cold of 257
+    tokens took 508 and 892 ms instead of 40 right after a switch)."""
+    tracker = Tracker(recorder.progress, label, rounds, "rounds")
+    last = None
+    for r in range(first, first + rounds):
+        for b, e, f in (pair if r % 2 == 0 else pair[::-1]):
+            if last is not None and last != b.name:
+                settle([x[1] for x in pair])
+            last = b.name
+            for prefix in prefixes:
+                measure_round(recorder, b, e, prefix, CALIBRATION_ROUNDS + r, f)
+        tracker.step(f"round {r + 1}")
+    if last != pair[1][0].name:
+        settle([x[1] for x in pair])
 
 
 def frontier_table(run: AdmissionRun) -> str:
@@ -336,13 +346,14 @@ def summary(run: AdmissionRun) -> str:
         f"{run.measured_p_star:,.0f}; the calibration's {tier.get('break_even_prefix_tokens') or 0:,.0f} (hits pay "
         f"from), the rule enforces {tier.get('enforced_break_even_prefix_tokens') or 0:,.0f} (margin "
         f"{tier.get('margin', 0):.0%}, queue overlap {tier.get('queue_overlap') or 0:.2f})",
-        f"frontier (rule {run.mode}, {judge.CONFIDENCE:.0%} confidence, cap {judge.CAP:.0%}; ratios are hit/cold "
+        f"frontier (rule {run.mode}, {judge.LOOKS[0]:.0%} confidence, {judge.LOOKS[1]:.0%} at a second look, cap "
+        f"{judge.CAP:.0%}; ratios are hit/cold "
         "medians; wrong: admitted and slower than the cap, or declined where the control's load paid by more "
         "than margin + cap):",
         frontier_table(run),
         noise_line(run.noise),
         f"wrong decisions beyond noise: {len(wrong)} cells" + (": " + "; ".join(wrong) if wrong else ""),
-        f"undecided (too noisy to pass; more rounds would decide): {len(unsure)} cells"
+        f"undecided after a second look (not a pass): {len(unsure)} cells"
         + (": " + "; ".join(unsure) if unsure else ""),
         "behind a queue (control, then guarded):",
         burst_table(run.bursts) if run.bursts else "(no probes)",
@@ -358,14 +369,16 @@ def noise_line(noise: judge.Noise) -> str:
     return (f"noise, over {noise.rounds} rounds (Laplace estimates): {noise.up:.1%} lie above their cell's median "
             f"by more than the cap (an admitted round looks wrong), {noise.down:.1%} below it by more than a "
             f"decline's threshold; spread {noise.sigma:.1%} (log sd); a cell fails beyond the wrong rounds that "
-            f"explains at {judge.CONFIDENCE:.0%}, and is undecided where that reaches half its rounds or leaves "
-            f"it blind to a slowdown of twice the cap")
+            f"explains at {judge.LOOKS[0]:.0%}, and is undecided where that reaches half its rounds or leaves "
+            f"it blind to a slowdown of twice the cap; an undecided cell is measured again and judged at "
+            f"{judge.LOOKS[1]:.0%} on all its rounds")
 
 
 def benchmark_data(run: AdmissionRun) -> dict:
     def cells(verdicts):
         return [{"prefix": v.prefix, "multiple": round(v.multiple, 3), "rounds": len(v.decisions),
                  "admitted": v.admitted, "wrong": v.wrong, "noise_allows": v.allowed, "outcome": v.outcome,
+                 "looks": v.looks,
                  "detectable_slowdown": v.detectable if math.isfinite(v.detectable) else None,
                  "decisions": [dataclasses.asdict(d) for d in v.decisions]} for v in verdicts]
     return {"drive": {**run.drive.options(), "target_p_star": run.design_p_star, "early_cost": run.drive.early_cost,

@@ -13,30 +13,42 @@ A right rule can still look wrong in a round by noise. How often is measured, no
 that matters (analysis/wrong_rounds.py): an admitted round looks wrong when its ratio strays above its cell's
 median by more than the cap, a declined one when it strays below by more than the cap leaves of 1 - margin;
 each rate is the share of all frontier rounds' control ratios (hit / cold) that stray so far that way
-(a Laplace estimate). Cold requests of the two servers are not compared: two servers of one build may
+(a Laplace estimate). That is the rate for a cell at the break-even; a cell whose control rounds put it
+clearly on the right side of its decision's threshold (a one-sided bound on their median) needs a larger
+stray to look wrong, and its rate is read at that distance (Noise.cell_rates). Cold requests of the two servers are not compared: two servers of one build may
 differ in speed, which moves neither server's own hit/cold ratio. A cell fails when its wrong rounds are
 more than noise reaches with probability 1 - CONFIDENCE: at 95%, with rates near 3% and five rounds, two
 wrong rounds fail a cell and one does not. Not by majority vote: a rule wrong in 2 rounds of 5 fails.
 
 The allowance is bounded: a cell whose allowed wrong rounds reach half its rounds, or whose detectable
 slowdown (the true slowdown whose rounds exceed the allowance with 90% probability) exceeds twice the cap,
-is undecided, not passed: the summary names it (more rounds would decide it).
+is undecided, not passed. Rounds until decided (until_decided): every frontier cell is judged at its first
+look; an undecided one is measured again, MORE_ROUNDS times its rounds, and judged once more on all of them.
+The 5% a right rule may be failed by noise is split over the two looks (LOOKS: 4% then 1%, a Bonferroni
+split), so a second look cannot add to it; a failed cell is never measured again, so a miss cannot turn into
+a pass; what is still undecided after the second look fails the suite, naming the cell.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from pytest_kvoffload.analysis import wrong_rounds
+from pytest_kvoffload.analysis.intervals import median_bound
 from pytest_kvoffload.analysis.outcome import MET, MISSED, UNDECIDED
 from pytest_kvoffload.core.tolerances import ADMISSION_CAP
 
 CAP = ADMISSION_CAP  # a hit up to 10% slower than recompute is within the suite's tolerance (core/tolerances.py)
 CONFIDENCE = 0.95  # the share of a right rule's cells that pass despite noise
 POWER = 0.90       # the detectable slowdown is the one caught this often
+# Each look's confidence: CONFIDENCE's 5% split 4% + 1% (most where every cell is judged).
+LOOKS = (0.96, 0.99)
+MORE_ROUNDS = 2    # an undecided cell's second look adds twice its rounds (5 -> 15)
 
 
 @dataclass(frozen=True)
@@ -62,6 +74,7 @@ class CellVerdict:
     allowed: int = 0  # wrong rounds noise explains at CONFIDENCE
     detectable: float = math.inf  # the smallest slowdown this cell shows (0.25: 25% slower)
     cap: float = CAP
+    looks: int = 1  # 2: measured again because the first look left it undecided
 
     @property
     def failed(self) -> bool:
@@ -86,7 +99,7 @@ class CellVerdict:
         return (f"{self.outcome}: {self.prefix:,} tokens ({self.multiple:.2f} p*): {self.admitted}/{n} admitted, {self.wrong}/{n} wrong "
                 f"(noise explains {self.allowed}); control hit/cold {med([d.control_ratio for d in self.decisions]):.2f}, "
                 f"guarded {med([d.guarded_ratio for d in self.decisions]):.2f}; detects a slowdown from "
-                f"{self.detectable:.0%}")
+                f"{self.detectable:.0%}" + (" (second look)" if self.looks > 1 else ""))
 
 
 @dataclass(frozen=True)
@@ -96,9 +109,25 @@ class Noise:
     down: float   # ... below it by more than a decline's threshold (declined looks wrong)
     sigma: float  # the log ratios' spread around their cells' medians
     rounds: int
+    deviations: tuple[float, ...] = ()  # every control round's log deviation from its cell's median
 
     def allowed(self, admitted: int, declined: int, confidence: float = CONFIDENCE) -> int:
         return wrong_rounds.allowed_wrong(admitted, declined, self.up, self.down, confidence)
+
+    def cell_rates(self, control_ratios: list[float], margin: float, cap: float = CAP) -> tuple[float, float]:
+        """How often noise makes one of this cell's right decisions look wrong, each side: the cell's centre
+        taken as near that side's threshold as its rounds allow (a one-sided bound on the control's median)
+        and never nearer than the break-even, where `up` and `down` are read. A cell clearly on the right
+        side allows fewer wrong rounds; one at or past the break-even (a wrong rule's) allows as many as
+        before."""
+        if not self.deviations or len(control_ratios) < 2:
+            return self.up, self.down
+        high = median_bound(control_ratios, upper=True) or math.inf
+        low = median_bound(control_ratios, upper=False) or 0.0
+        up = math.log(1 + cap) - math.log(min(1.0, high))
+        down = math.log(max(1e-6, 1 - margin - cap)) - math.log(max(1 - margin, low))
+        return (wrong_rounds.side_rate(list(self.deviations), up, upper=True),
+                wrong_rounds.side_rate(list(self.deviations), down, upper=False))
 
 
 def noise(cells: dict[int, list[Decision]], margin: float = 0.0, cap: float = CAP) -> Noise:
@@ -114,7 +143,8 @@ def noise(cells: dict[int, list[Decision]], margin: float = 0.0, cap: float = CA
         fitted += 1
     down = math.log(max(1e-6, 1 - cap / max(1e-6, 1 - margin)))
     return Noise(wrong_rounds.side_rate(logs, math.log(1 + cap), upper=True),
-                 wrong_rounds.side_rate(logs, down, upper=False), wrong_rounds.robust_sigma(logs, fitted), len(logs))
+                 wrong_rounds.side_rate(logs, down, upper=False), wrong_rounds.robust_sigma(logs, fitted), len(logs),
+                 tuple(logs))
 
 
 def detectable_slowdown(n: int, allowed: int, sigma: float, cap: float = CAP, power: float = POWER) -> float:
@@ -131,8 +161,10 @@ def judge(cells: dict[int, list[Decision]], multiples: dict[int, float], margin:
     for prefix in sorted(cells):
         ds = cells[prefix]
         admitted = sum(d.admitted for d in ds)
+        up, down = measured.cell_rates([d.control_ratio for d in ds if d.control_ratio > 0], margin, cap)
+        allowed = wrong_rounds.allowed_wrong(admitted, len(ds) - admitted if declines else 0, up, down, confidence)
         v = CellVerdict(prefix, multiples.get(prefix, math.nan), list(ds), sum(d.wrong(margin, cap, declines) for d in ds),
-                        measured.allowed(admitted, len(ds) - admitted if declines else 0, confidence), cap=cap)
+                        allowed, cap=cap)
         v.detectable = detectable_slowdown(len(ds), v.allowed, measured.sigma, cap)
         verdicts.append(v)
     return verdicts
@@ -144,6 +176,21 @@ def failures(verdicts: list[CellVerdict]) -> list[str]:
 
 
 def undecided(verdicts: list[CellVerdict]) -> list[str]:
-    """The cells too noisy to pass. Reported, not yet failed: until the suite measures more rounds of such a
-    cell (issue 58's rounds until decided), failing them would fail a right rule on a noisy machine."""
+    """The cells too noisy to pass, after their second look: not a pass (the suite fails naming them)."""
     return [v.describe() for v in verdicts if v.undecided]
+
+
+def until_decided(cells: dict[int, list[Decision]], multiples: dict[int, float], margin: float,
+                  measure_more: Callable[[list[int], int], dict[int, list[Decision]]]) -> tuple[list[CellVerdict], Noise]:
+    """The frontier judged at its first look (LOOKS[0]); the cells it leaves undecided measured again
+    (measure_more(prefixes, rounds) returns every cell's decisions after them) and judged on all their
+    rounds at LOOKS[1]. Returns the verdicts and the first look's noise (the queue cells are judged with it)."""
+    first_noise = noise(cells, margin)
+    first = judge(cells, multiples, margin, confidence=LOOKS[0], measured=first_noise)
+    again = [v.prefix for v in first if v.undecided]
+    if not again:
+        return first, first_noise
+    more = measure_more(again, MORE_ROUNDS * max(len(cells[p]) for p in again))
+    second = judge({p: more[p] for p in again}, multiples, margin, confidence=LOOKS[1], measured=noise(more, margin))
+    by_prefix = {v.prefix: dataclasses.replace(v, looks=2) for v in second}
+    return [by_prefix.get(v.prefix, v) for v in first], first_noise
