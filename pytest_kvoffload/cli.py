@@ -31,6 +31,7 @@ def _estimate(args) -> int:
 
 
 def _probe(args) -> int:
+    from pytest_kvoffload.drive.fio import FioError
     from pytest_kvoffload.drive.probe import probe_disk, probe_disk_bursts, probe_store
 
     try:
@@ -45,24 +46,21 @@ def _probe(args) -> int:
         return 2
     fio = None
     if args.fio:
-        from pytest_kvoffload.drive.fio import FioError, run_fio
         try:
-            fio = run_fio(args.path, result.request_bytes, result.total_bytes, args.repeats, result.threads)
-        except FioError as exc:
+            fio = _fio_pairs(args, result)
+        except (FioError, OSError) as exc:
             print(f"kvoffload probe disk --fio: {exc}", file=sys.stderr)
             return 2
     if args.json:
-        print(json.dumps({**result.to_dict(), **({"fio": fio.to_dict()} if fio else {}),
+        print(json.dumps({**result.to_dict(), **({"fio": {k: v.to_dict() if hasattr(v, "to_dict") else v
+                                                          for k, v in fio.items()}} if fio else {}),
                           **({"store": store.to_dict()} if store else {}),
                           **({"bursts": bursts.to_dict()} if bursts else {})}))
         return 0
     print(f"{result.path}: {result.describe()}; {result.total_bytes >> 20} MiB fresh file per pass, "
           f"median (min to max) of {args.repeats} passes")
     if fio:
-        print(f"fio, same pattern: read {fio.read_gbps:.2f} GB/s ({fio.read_range[0]:.2f} to {fio.read_range[1]:.2f}), "
-              f"write {fio.write_gbps:.2f} GB/s ({fio.write_range[0]:.2f} to {fio.write_range[1]:.2f}); "
-              f"probe / fio: read {result.read_gbps / fio.read_gbps:.2f}, write {result.write_gbps / fio.write_gbps:.2f}")
-        print(f"fio's read pass: {fio.command}")
+        _print_fio_pairs(result, fio)
     if store:
         print(f"the connector's store alone (a chunk file per request, header, checksum, rename): "
               f"read {store.read_gbps:.2f} GB/s, write {store.write_gbps:.2f} GB/s; store / probe: "
@@ -94,6 +92,39 @@ def _report(args) -> int:
         return 2
     print(summary_text(run))
     return 0
+
+
+def _fio_pairs(args, result) -> dict:
+    """fio beside the probe for each buffer kind: 4 KiB pages always (fio's default, the probe run again so),
+    huge pages (the probe's own figure) where a hugetlbfs mount has room, else the reason."""
+    from pytest_kvoffload.drive.fio import run_fio
+    from pytest_kvoffload.drive.page_segments import hugetlbfs_with_room, why_no_huge_fio
+    from pytest_kvoffload.drive.probe import probe_disk
+
+    pairs = {"small_pages_probe": probe_disk(args.path, result.request_bytes, result.total_bytes, args.repeats,
+                                             result.threads, huge_pages=False),
+             "small_pages": run_fio(args.path, result.request_bytes, result.total_bytes, args.repeats, result.threads)}
+    mount = hugetlbfs_with_room(result.request_bytes * result.threads)
+    if mount:
+        pairs["huge_pages"] = run_fio(args.path, result.request_bytes, result.total_bytes, args.repeats,
+                                      result.threads, huge_dir=mount)
+    else:
+        pairs["huge_pages_unchecked"] = why_no_huge_fio(args.path, result.request_bytes)
+    return pairs
+
+
+def _print_fio_pairs(result, fio: dict) -> None:
+    def pair(label, probe, ref):
+        print(f"{label}: fio read {ref.read.describe()}, write {ref.write.describe()}; probe read "
+              f"{probe.read.describe()}, write {probe.write.describe()}; probe / fio: read "
+              f"{probe.read_gbps / ref.read_gbps:.2f}, write {probe.write_gbps / ref.write_gbps:.2f}")
+    pair("4 KiB-page buffers (fio's default)", fio["small_pages_probe"], fio["small_pages"])
+    if "huge_pages" in fio:
+        pair("huge-page buffers (the connector's)", result, fio["huge_pages"])
+        print(f"fio's read pass: {fio['huge_pages'].command}")
+    else:
+        print(f"huge-page buffers (the connector's, the figure above): {fio['huge_pages_unchecked']}")
+        print(f"fio's read pass: {fio['small_pages'].command}")
 
 
 def _compare_pair(label: str, base: dict, new: dict, limits: dict, allow_missing: bool) -> tuple[list[str], int, object]:

@@ -38,6 +38,13 @@ def aligned_buffer(nbytes: int, huge: bool = True) -> np.ndarray:
     `huge`, from MIN_HUGE bytes up, it starts at a huge page's boundary in memory marked for huge pages, so
     that a buffer of up to 2 MiB is one physically contiguous run where the kernel grants them."""
     size = padded(nbytes)
+    if not huge and size >= MIN_HUGE and hasattr(mmap, "MADV_NOHUGEPAGE"):
+        # Ordinary pages for sure: numpy marks its own allocations of 4 MiB and more for huge pages.
+        region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        region.madvise(mmap.MADV_NOHUGEPAGE)
+        buffer = np.frombuffer(region, dtype=np.uint8)
+        buffer.fill(0)
+        return buffer
     if not huge or size < MIN_HUGE or not hasattr(mmap, "MADV_HUGEPAGE"):
         raw = np.zeros(size + ALIGN, dtype=np.uint8)
         offset = (-raw.ctypes.data) % ALIGN

@@ -1,6 +1,6 @@
 """fio, the reference for drive speed, run with the drive probe's pattern (drive/probe.py) so the two can be put
 side by side: synchronous requests of the same size from the same number of threads, O_DIRECT, a fresh
-file per pass written (with a final fsync) and then read once."""
+file per pass written (with a final fsync) and then read once, from buffers of the same page size."""
 
 from __future__ import annotations
 
@@ -24,12 +24,16 @@ class FioResult(Rates):
     command: str  # one pass's read command, to rerun by hand
 
 
-def fio_command(path: Path, request_bytes: int, total_bytes: int, threads: int, write: bool) -> list[str]:
-    """One fio job group: `threads` jobs, each over its own 1/threads of the file, synchronous requests."""
+def fio_command(path: Path, request_bytes: int, total_bytes: int, threads: int, write: bool,
+                huge_dir: str | None = None) -> list[str]:
+    """One fio job group: `threads` jobs, each over its own 1/threads of the file, synchronous requests; with
+    `huge_dir` (a hugetlbfs mount) its buffers in huge pages, as the connector's (drive/page_segments.py)."""
     share = max(request_bytes, total_bytes // threads // request_bytes * request_bytes)
     argv = ["fio", "--name=kvoffload-probe", f"--filename={path}", f"--rw={'write' if write else 'read'}",
             f"--bs={request_bytes}", f"--size={share}", f"--numjobs={threads}", f"--offset_increment={share}",
             "--ioengine=psync", "--direct=1", "--group_reporting", "--output-format=json"]
+    if huge_dir:
+        argv.append(f"--mem=mmaphuge:{Path(huge_dir) / '.kvoffload-fio-buffer'}")
     return argv + (["--end_fsync=1"] if write else [])
 
 
@@ -42,7 +46,8 @@ def bandwidth_gbps(report: str, write: bool) -> float:
         raise FioError(f"fio printed no JSON report with a bandwidth ({exc.__class__.__name__}: {exc})") from None
 
 
-def run_fio(folder: str | Path, request_bytes: int, total_bytes: int, repeats: int = 3, threads: int = 1) -> FioResult:
+def run_fio(folder: str | Path, request_bytes: int, total_bytes: int, repeats: int = 3, threads: int = 1,
+            huge_dir: str | None = None) -> FioResult:
     if shutil.which("fio") is None:
         raise FioError("fio is not installed; install it (e.g. apt install fio) to compare the probe with it")
     folder = Path(folder)
@@ -51,7 +56,7 @@ def run_fio(folder: str | Path, request_bytes: int, total_bytes: int, repeats: i
         path = folder / f".kvoffload-fio-{n}"
         try:
             for write, out in ((True, writes), (False, reads)):
-                argv = fio_command(path, request_bytes, total_bytes, threads, write)
+                argv = fio_command(path, request_bytes, total_bytes, threads, write, huge_dir)
                 done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
                 if done.returncode != 0:
                     raise FioError(f"fio exited with {done.returncode}: {(done.stderr or done.stdout).strip()[:300]}")

@@ -32,12 +32,14 @@ class ProbeResult(Rates):
     # probe_disk only: writing again over the file a pass just wrote (blocks already allocated), as the
     # connector does when it recycles a removed chunk's file (store.py); 0 where not measured
     overwrite: Rate = Rate()
+    huge_pages: bool = True  # the requests' buffers in huge pages (the connector's) or 4 KiB pages
 
     def describe(self) -> str:
         over = f"write over it {self.overwrite.describe()}, " if self.overwrite else ""
         return (f"read {self.read.describe()}, write {self.write.describe()}, "
                 f"{over}{self.request_bytes / 2**20:.2f} MiB requests, {self.threads} thread(s), "
-                f"{'O_DIRECT' if self.direct_io else 'buffered'}")
+                f"{'O_DIRECT' if self.direct_io else 'buffered'}, "
+                f"{'huge-page' if self.huge_pages else '4 KiB-page'} buffers")
 
 
 def _open(path: Path, flags: int, direct: bool) -> tuple[int, bool]:
@@ -50,16 +52,17 @@ def _open(path: Path, flags: int, direct: bool) -> tuple[int, bool]:
 
 
 def _pass(path: Path, count: int, request_bytes: int, threads: int, direct: bool, write: bool,
-          over: bool = False) -> tuple[float, bool]:
+          over: bool = False, huge_pages: bool = True) -> tuple[float, bool]:
     """One sequential pass over `path` by `threads` threads, each taking every threads-th request; `over`:
-    write over the file as it is (no truncation: its blocks stay allocated)."""
+    write over the file as it is (no truncation: its blocks stay allocated); `huge_pages`: the requests'
+    buffers in huge pages, as the connector's (drive/page_segments.py says what that changes)."""
     flags = (os.O_WRONLY if over else os.O_CREAT | os.O_WRONLY | os.O_TRUNC) if write else os.O_RDONLY
     fd, direct = _open(path, flags, direct)
     if not write and not direct:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def work(first: int) -> None:
-        buffer = aligned_buffer(request_bytes)
+        buffer = aligned_buffer(request_bytes, huge=huge_pages)
         buffer[:] = 0xA5
         view = memoryview(buffer)
         for i in range(first, count, threads):
@@ -80,7 +83,7 @@ def _pass(path: Path, count: int, request_bytes: int, threads: int, direct: bool
 
 
 def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: int = 256 << 20,
-               repeats: int = 3, threads: int = 1) -> ProbeResult:
+               repeats: int = 3, threads: int = 1, huge_pages: bool = True) -> ProbeResult:
     """Write then read a fresh file per pass, then write over it, `repeats` passes; median, min and max of
     each.
 
@@ -89,7 +92,8 @@ def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: in
     Writes are measured both ways because the connector does both: a new chunk file allocates blocks, a
     recycled one (store.py) is written over; on the 2-core VM the second is twice as fast (3.5 against
     1.8 GB/s), so each is the reference for its own share of the connector's writes.
-    The connector's pattern: chunk-sized requests, its number of I/O threads, O_DIRECT where allowed.
+    The connector's pattern: chunk-sized requests, its number of I/O threads, O_DIRECT where allowed, its
+    buffers in huge pages (`huge_pages=False`: 4 KiB pages, as fio's and most programs' buffers are).
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -104,11 +108,11 @@ def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: in
     for n in range(repeats):
         path = folder / f".kvoffload-probe-{os.getpid()}-{n}"
         try:
-            gbps, direct = _pass(path, count, request_bytes, threads, direct, write=True)
+            gbps, direct = _pass(path, count, request_bytes, threads, direct, True, huge_pages=huge_pages)
             writes.append(gbps)
-            gbps, direct = _pass(path, count, request_bytes, threads, direct, write=False)
+            gbps, direct = _pass(path, count, request_bytes, threads, direct, False, huge_pages=huge_pages)
             reads.append(gbps)
-            gbps, direct = _pass(path, count, request_bytes, threads, direct, write=True, over=True)
+            gbps, direct = _pass(path, count, request_bytes, threads, direct, True, True, huge_pages)
             overwrites.append(gbps)
         finally:
             try:
@@ -116,7 +120,7 @@ def probe_disk(folder: str | Path, request_bytes: int = 4 << 20, total_bytes: in
             except OSError:
                 pass
     return ProbeResult(str(folder), request_bytes, count * request_bytes, direct, Rate.of(writes), Rate.of(reads),
-                       threads, overwrite=Rate.of(overwrites))
+                       threads, overwrite=Rate.of(overwrites), huge_pages=huge_pages)
 
 
 def write_reference(probe: ProbeResult | BurstResult, over_share: float) -> float:

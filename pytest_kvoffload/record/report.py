@@ -170,7 +170,9 @@ def side_by_side_lines(run: dict, ours: str | None = None) -> list[str]:
     return [f"{ours} against the other tiers, tier hits on the same cells (ms = p50 and the rounds' fastest to "
             f"slowest; ratio = {ours} / other, p50; MB/s = "
             "tier bytes over the tier hit's TTFT"
-            + (f"; this run's drive reads {drive * 1e3:,.0f} MB/s with O_DIRECT" if drive else "")
+            + (f"; this run's drive reads {drive * 1e3:,.0f} MB/s with O_DIRECT from huge-page buffers, as the "
+               "connector's (from 4 KiB pages, fio's default, a virtio disk reads several times less: "
+               "kvoffload probe disk DIR --fio shows both)" if drive else "")
             + f"; target: at most {TARGET_RATIO:g}x another disk tier, and at most {TARGET_RATIO:g}x a DRAM tier "
             "plus the prefix's bytes at the drive's read rate, with at least their cached tokens; "
             "paired: a close call the grid's rounds could not decide, judged by interleaved rounds, the median over "

@@ -35,6 +35,21 @@ def test_the_kernel_backs_a_chunk_buffer_with_a_huge_page():
     assert on_huge_pages(aligned_buffer(CHUNK))
 
 
+@pytest.mark.skipif(not thp_granted(), reason="transparent huge pages are off on this machine")
+def test_ordinary_pages_when_asked_even_where_numpy_would_take_huge_ones():
+    import numpy as np
+    plain = aligned_buffer(4 << 20, huge=False)
+    plain[:] = 1
+    assert not on_huge_pages(plain)
+    # The control: numpy's own 4 MiB array, touched the same way, lands on a huge page where THP is granted
+    # and numpy marks its arrays for them (its default on Linux).
+    from numpy._core.multiarray import _get_madvise_hugepage
+    if _get_madvise_hugepage():
+        raw = np.zeros((4 << 20) + HUGE_PAGE, dtype=np.uint8)
+        raw[:] = 1
+        assert on_huge_pages(raw[(-raw.ctypes.data) % HUGE_PAGE:])
+
+
 def test_ordinary_pages_when_asked_or_small():
     plain = aligned_buffer(CHUNK, huge=False)
     assert plain.ctypes.data % ALIGN == 0 and plain.size == CHUNK and not on_huge_pages(plain)
