@@ -201,9 +201,14 @@ def _target(ours: dict, theirs: dict, kv_bytes_per_token: float | None, drive_gb
         return "-"
     tokens = enough_tokens(ours, theirs)
     if settled is not None:
-        met = tokens and settled["met"]
-        return (f"{'met' if met else 'MISSED'} (paired {of_bound_text(settled['median_of_bound'])} of the bound, "
-                f"{len(settled['ratios'])} rounds; grid p50s {'met' if _grid_met(ours, theirs, allowance) else 'missed'})")
+        # A record from before outcomes has "met" only; too few tokens is a miss whatever the rounds said.
+        outcome = settled.get("outcome") or ("met" if settled["met"] else "missed")
+        outcome = outcome if tokens else "missed"
+        low, high = (settled.get("interval") or [None, None])[:2]
+        interval = f" [{low:.3f}, {high:.3f}]" if low is not None and high is not None else ""
+        return (f"{'met' if outcome == 'met' else outcome.upper()} (paired {of_bound_text(settled['median_of_bound'])}"
+                f"{interval} of the bound, {len(settled['ratios'])} rounds; grid p50s "
+                f"{'met' if _grid_met(ours, theirs, allowance) else 'missed'})")
     bound = bound_s(theirs["ttft"]["p50"], allowance)
     met = tokens and _grid_met(ours, theirs, allowance)
     return f"{'met' if met else 'MISSED'} (<= {_ms(bound)} ms{'; a close call, not settled' if unsettled else ''})"

@@ -60,10 +60,14 @@ def tier_targets(run: dict) -> list[VerdictLine]:
     if not judged:
         return []
     missed = [r for r in judged if r["target"].startswith("MISSED")]
+    open_ = [r for r in judged if r["target"].startswith("UNDECIDED")]
     names = ", ".join(f"{r['other']} {r['length']} x {r['cached']}" for r in missed[:3])
-    return [VerdictLine(MISSED if missed else MET, "tier target (report-only)",
-                        f"{len(judged) - len(missed)} of {len(judged)} cells within 1.05x of the other tier"
-                        + (f"; missed {names}" if missed else ""), "side by side")]
+    unsure = ", ".join(f"{r['other']} {r['length']} x {r['cached']}" for r in open_[:3])
+    met = len(judged) - len(missed) - len(open_)
+    return [VerdictLine(MISSED if missed else UNDECIDED if open_ else MET, "tier target (report-only)",
+                        f"{met} of {len(judged)} cells within 1.05x of the other tier"
+                        + (f"; missed {names}" if missed else "") + (f"; undecided {unsure}" if open_ else ""),
+                        "side by side")]
 
 
 def fits(run: dict) -> list[VerdictLine]:
