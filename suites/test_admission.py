@@ -13,8 +13,8 @@ probability; a cell too noisy to decide is measured again and judged on all its 
 undecided fails. Every round's hit output is checked.
 
 The controls with which this suite must fail, naming the cells: always, never, static:scale=0.67,
-static:scale=0.75, static:scale=1.3, static:scale=1.5, static:no-fixed (--kv-admission=...), and
-queue:full-credit for the queue cells.
+static:scale=0.75, static:scale=1.3, static:scale=1.5, static:no-fixed (--kv-admission=...); not
+queue:full-credit, which is right where loads progress behind a queue, as on the CPU build (docs/admission.md).
 """
 
 import pytest

@@ -73,7 +73,7 @@ OPTIONS = (
            "the model's own on a GPU), bfloat16, float16 or float32"),
     Option("--kv-admission", "kv_admission",
            "the rule the admission suite guards: queue (default), static, online, or a control with which the "
-           "suite must fail: always, never, static:scale=F, static:no-fixed, queue:full-credit"),
+           "suite must fail: always, never, static:scale=F, static:no-fixed; or queue:full-credit (whole queue credited)"),
     Option("--kv-engine", "kv_engine",
            "how a CPU server runs its engine: vllm (vLLM's own: a worker process bound to its cores; default) or "
            "one-process (engine and worker in one process, as vLLM runs one GPU: 5 s less per start-up, but a "
