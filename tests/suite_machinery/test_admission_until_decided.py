@@ -82,3 +82,20 @@ def test_a_rule_wrong_by_25_percent_in_one_cell_is_failed_even_when_measured_aga
         verdicts, _ = simulate(rng, sigma=0.12, planted=768, wrong_by=1.25)  # admits at 1.05 x 1.25
         caught += next(v for v in verdicts if v.prefix == 768).failed
     assert caught >= 90, caught
+
+
+def test_queue_cells_are_judged_with_the_noise_they_are_given_at_both_looks():
+    # One queue cell, admitted and right, under the frontier's loud noise: undecided at first, measured again,
+    # and judged at the second look with that same noise (one cell cannot measure its own).
+    loud = judge.Noise(0.3, 0.3, 0.12, 30)
+    right = judge.Decision(True, 0.8, 0.8, 1.0)
+    asked = []
+
+    def measure_more(prefixes, more):
+        asked.append((prefixes, more))
+        return {384: [right] * (5 + more)}
+
+    verdicts, noise = judge.until_decided({384: [right] * 5}, {384: 0.56}, 0.02, measure_more, measured=loud,
+                                          declines=False)
+    assert noise is loud and asked == [([384], 10)]
+    assert verdicts[0].looks == 2 and len(verdicts[0].decisions) == 15

@@ -22,6 +22,7 @@ import numpy as np
 
 from pytest_kvoffload.suite_machinery.admission import judge
 from pytest_kvoffload.suite_machinery.admission.queue_probe import burst_table, measured_overlap, run_bursts
+from pytest_kvoffload.suite_machinery.admission.queue_cells import judge_queue, queue_bursts
 from pytest_kvoffload.suite_machinery.admission.derived_drive import (FRONTIER, SlowDrive, SlowDriveError, design_target,  # noqa: F401
                                                    frontier_drive, frontier_prefixes, interpolated_break_even,
                                                    planted_break_even, ratio, seconds_per_token, step_tokens)
@@ -96,23 +97,8 @@ def block_variant(backend: Backend, suffix: str, block: int, **options) -> Backe
     return with_connector_options(backend, suffix, chunk_tokens=block, **options)
 
 
-def decisions(control: dict, guarded: dict, ratio_of) -> dict[int, list[judge.Decision]]:
-    """Each guarded round paired with the control's round of the same prefix and index."""
-    out = {}
-    for prefix, rounds in guarded.items():
-        paired = zip(rounds, control.get(prefix, []))
-        out[prefix] = [judge.Decision(bool(g_admitted), g_ratio, c_ratio, g_cold / c_cold)
-                       for (g_admitted, g_ratio, g_cold), (_, c_ratio, c_cold)
-                       in ((ratio_of(g), ratio_of(c)) for g, c in paired)]
-    return out
-
-
 def grid_figures(r: Round) -> tuple[bool, float, float]:
     return r.admitted, r.ratio, r.cold_s
-
-
-def burst_figures(r: dict) -> tuple[bool, float, float]:
-    return r["admitted"], r["hit_s"] / r["cold_s"], r["cold_s"]
 
 
 @dataclass
@@ -277,23 +263,15 @@ def judged_run(recorder: Recorder, servers: Servers, backend: Backend, mode: str
         recorder.progress(f"admission: {len(prefixes)} cell(s) undecided ({', '.join(map(str, prefixes))} tokens); "
                           f"{more} more interleaved rounds of them")
         interleave(recorder, pair, prefixes, n, more, "admission, undecided cells")
-        return decisions(control.cells, guarded.cells, grid_figures)
+        return judge.decisions(control.cells, guarded.cells, grid_figures)
     margin = calibration["tiers"][backend.name].get("margin", 0.0)
-    verdicts, noise = judge.until_decided(decisions(control.cells, guarded.cells, grid_figures), multiples, margin,
+    verdicts, noise = judge.until_decided(judge.decisions(control.cells, guarded.cells, grid_figures), multiples, margin,
                                           measure_more)
     bursts = {}
-    for r in range(JUDGED_ROUNDS):
-        for key in control_bursts:
-            for k, cell in run_bursts(recorder, guarded_backend, endpoints[1], [key[0]], [1.0], step, 1,
-                                      first_round=r).items():
-                bursts.setdefault(k, {**cell, "rounds": []})["rounds"] += cell["rounds"]
+    queue_bursts(recorder, guarded_backend, endpoints[1], list(control_bursts), range(JUDGED_ROUNDS), step, bursts)
+    queue = judge_queue(recorder, pair, control_bursts, bursts, step, measured, margin, noise, mode, JUDGED_ROUNDS)
     servers.release(guarded_backend.name)
     servers.release(slow.name)
-    # The queue cell alone has too few rounds to measure noise: the frontier's, from every cell, judges it.
-    queue = judge.judge(decisions({k[0] - 1: c["rounds"] for k, c in control_bursts.items()},
-                                  {k[0] - 1: c["rounds"] for k, c in bursts.items()}, burst_figures),
-                        {k[0] - 1: (k[0] - 1) / measured for k in bursts}, margin, measured=noise,
-                        declines=mode.startswith("queue"))
     run = AdmissionRun(drive, probe, step, target, measured, calibration, calibration_pass, control, guarded, multiples,
                        verdicts, control_bursts, bursts, queue, mode, noise,
                        too_noisy(calibration["tiers"][backend.name], kv_bytes))

@@ -170,6 +170,18 @@ def judge(cells: dict[int, list[Decision]], multiples: dict[int, float], margin:
     return verdicts
 
 
+def decisions(control: dict, guarded: dict, ratio_of) -> dict[int, list[Decision]]:
+    """Each guarded round paired with the control's round of the same prefix and index; `ratio_of(round)` gives
+    (admitted, hit/cold, cold seconds)."""
+    out = {}
+    for prefix, rounds in guarded.items():
+        paired = zip(rounds, control.get(prefix, []))
+        out[prefix] = [Decision(bool(g_admitted), g_ratio, c_ratio, g_cold / c_cold)
+                       for (g_admitted, g_ratio, g_cold), (_, c_ratio, c_cold)
+                       in ((ratio_of(g), ratio_of(c)) for g, c in paired)]
+    return out
+
+
 def failures(verdicts: list[CellVerdict]) -> list[str]:
     """The cells wrong beyond noise."""
     return [v.describe() for v in verdicts if v.failed]
@@ -181,16 +193,19 @@ def undecided(verdicts: list[CellVerdict]) -> list[str]:
 
 
 def until_decided(cells: dict[int, list[Decision]], multiples: dict[int, float], margin: float,
-                  measure_more: Callable[[list[int], int], dict[int, list[Decision]]]) -> tuple[list[CellVerdict], Noise]:
-    """The frontier judged at its first look (LOOKS[0]); the cells it leaves undecided measured again
+                  measure_more: Callable[[list[int], int], dict[int, list[Decision]]], measured: Noise | None = None,
+                  declines: bool = True) -> tuple[list[CellVerdict], Noise]:
+    """The cells judged at their first look (LOOKS[0]); those left undecided measured again
     (measure_more(prefixes, rounds) returns every cell's decisions after them) and judged on all their
-    rounds at LOOKS[1]. Returns the verdicts and the first look's noise (the queue cells are judged with it)."""
-    first_noise = noise(cells, margin)
-    first = judge(cells, multiples, margin, confidence=LOOKS[0], measured=first_noise)
+    rounds at LOOKS[1]. Noise is the cells' own, or `measured` at both looks (the queue cells are judged with
+    the frontier's). Returns the verdicts and the first look's noise."""
+    first_noise = noise(cells, margin) if measured is None else measured
+    first = judge(cells, multiples, margin, confidence=LOOKS[0], measured=first_noise, declines=declines)
     again = [v.prefix for v in first if v.undecided]
     if not again:
         return first, first_noise
     more = measure_more(again, MORE_ROUNDS * max(len(cells[p]) for p in again))
-    second = judge({p: more[p] for p in again}, multiples, margin, confidence=LOOKS[1], measured=noise(more, margin))
+    second = judge({p: more[p] for p in again}, multiples, margin, confidence=LOOKS[1],
+                   measured=noise(more, margin) if measured is None else measured, declines=declines)
     by_prefix = {v.prefix: dataclasses.replace(v, looks=2) for v in second}
     return [by_prefix.get(v.prefix, v) for v in first], first_noise
