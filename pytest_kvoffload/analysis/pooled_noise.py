@@ -31,6 +31,7 @@ from scipy import stats
 from scipy.optimize import nnls
 
 from pytest_kvoffload.analysis.intervals import t_bound_halfwidth
+from pytest_kvoffload.core.tolerances import CONFIDENCE
 
 # Degrees of freedom the fit of (A, B) spends; the level at which a cell's variance is a stall's.
 FIT_PARAMETERS = 2
@@ -119,15 +120,20 @@ def _cell(base: list[float], new: list[float], noise: Noise) -> tuple[float, flo
     return _log_centre(new) - _log_centre(base), per_round * (median_variance(len(base)) + median_variance(len(new)))
 
 
-def _change(d: float, variance: float, noise: Noise, rounds: tuple[int, int]) -> Change:
-    half = t_bound_halfwidth(math.sqrt(variance), noise.df) if math.isfinite(variance) else math.inf
-    return Change(math.exp(d), math.exp(d - half) if math.isfinite(half) else 0.0,
-                  math.exp(d + half) if math.isfinite(half) else math.inf, rounds)
+def _change(d: float, variance: float, noise: Noise, rounds: tuple[int, int],
+            low_confidence: float = CONFIDENCE) -> Change:
+    def half(confidence: float) -> float:
+        return t_bound_halfwidth(math.sqrt(variance), noise.df, confidence) if math.isfinite(variance) else math.inf
+    low, high = half(low_confidence), half(CONFIDENCE)
+    return Change(math.exp(d), math.exp(d - low) if math.isfinite(low) else 0.0,
+                  math.exp(d + high) if math.isfinite(high) else math.inf, rounds)
 
 
-def cell_change(base: list[float], new: list[float], noise: Noise) -> Change:
+def cell_change(base: list[float], new: list[float], noise: Noise, low_confidence: float = CONFIDENCE) -> Change:
+    """A cell's change; its lower bound at `low_confidence` (the gate asks more of it where many cells are
+    compared at once: run_gate.compare)."""
     d, variance = _cell(base, new, noise)
-    return _change(d, variance, noise, (len(base), len(new)))
+    return _change(d, variance, noise, (len(base), len(new)), low_confidence)
 
 
 def group_change(pairs: list[tuple[list[float], list[float]]], noise: Noise) -> Change:

@@ -211,3 +211,38 @@ def test_a_slowdown_planted_in_one_backend_of_a_real_run(tmp_path, capsys, facto
     out = capsys.readouterr()
     if code == 1:
         assert "MISSED: kvoffload-disk tier-hit over 4 cell(s)" in out.out and "gpu-only" not in out.err
+
+
+def bench_shaped_run(rng, name, sigma, factor=1.0, planted=None):
+    """make bench's shape: five backends, 512 to 2,048 tokens, cold, engine and tier hits, 3 rounds a cell."""
+    ms = []
+    for b in ("gpu-only", "native-cpu", "native-disk", "lmcache-disk", "kvoffload-disk"):
+        for length, cold in ((512, 0.4), (1024, 0.9), (2048, 2.3)):
+            for fraction, state, t in ((0.0, "cold", cold), (0.5, "engine-hit", cold * 0.6),
+                                       (1.0, "engine-hit", 0.03 + length / 1e5), (0.5, "tier-hit", cold * 0.6),
+                                       (1.0, "tier-hit", 0.04 + length / 1e5)):
+                if state == "tier-hit" and b == "gpu-only":
+                    continue
+                for _ in range(3):
+                    ms.append({"backend": b, "length": length, "fraction": fraction, "state": state,
+                               "client_ttft_s": t * (factor if b == planted else 1.0) * float(np.exp(rng.normal(0, sigma)))})
+    cells = [{k: m[k] for k in ("backend", "length", "fraction", "state")} | {"ttft": {"p50": m["client_ttft_s"]}}
+             for m in ms[::3]]
+    return {"run_id": name, "measurements": ms, "cells": cells}
+
+
+def test_two_runs_of_one_commit_pass_and_a_12_percent_slower_backend_is_missed():
+    """Simulated A/A of make bench's shape (69 cells) at 5% noise a round, this VM's idle level: no cell fails
+    the gate through sheer number (its lower bound is split over the cells) and no unresolved cell holds it
+    open; the same runs with one backend 12% slower are missed. Measured over 100 draws: 82 pass and 18 are
+    undecided (a group's bound past 10%), where per-cell bounds at 95% passed 15, failed 18 and left 67
+    undecided; at 3% noise 100 pass, at 8% 90 are undecided and 3 fail (docs/comparing.md)."""
+    from pytest_kvoffload.analysis.run_gate import compare
+    rng = np.random.default_rng(11)
+    passed = missed = 0
+    for _ in range(30):
+        same = compare(bench_shaped_run(rng, "a", 0.05), bench_shaped_run(rng, "b", 0.05), 0.10)
+        passed += not same.failures() and not same.open()
+        slower = compare(bench_shaped_run(rng, "a", 0.05), bench_shaped_run(rng, "b", 0.05, 1.12, "kvoffload-disk"), 0.10)
+        missed += any(v.what.startswith("kvoffload-disk") for v in slower.failures())
+    assert passed >= 20 and missed >= 27, (passed, missed)
