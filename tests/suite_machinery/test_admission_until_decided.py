@@ -97,5 +97,5 @@ def test_queue_cells_are_judged_with_the_noise_they_are_given_at_both_looks():
 
     verdicts, noise = judge.until_decided({384: [right] * 5}, {384: 0.56}, 0.02, measure_more, measured=loud,
                                           declines=False)
-    assert noise is loud and asked == [([384], 10)]
-    assert verdicts[0].looks == 2 and len(verdicts[0].decisions) == 15
+    assert noise is loud and asked == [([384], judge.MORE_ROUNDS * 5)]
+    assert verdicts[0].looks == 2 and len(verdicts[0].decisions) == 5 + judge.MORE_ROUNDS * 5

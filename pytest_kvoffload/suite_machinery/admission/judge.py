@@ -48,7 +48,7 @@ CONFIDENCE = 0.95  # the share of a right rule's cells that pass despite noise
 POWER = 0.90       # the detectable slowdown is the one caught this often
 # Each look's confidence: CONFIDENCE's 5% split 4% + 1% (most where every cell is judged).
 LOOKS = (0.96, 0.99)
-MORE_ROUNDS = 2    # an undecided cell's second look adds twice its rounds (5 -> 15)
+MORE_ROUNDS = 3    # an undecided cell's second look adds three times its rounds (5 -> 20)
 
 
 @dataclass(frozen=True)
