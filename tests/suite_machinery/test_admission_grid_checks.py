@@ -194,10 +194,18 @@ def test_a_quiet_probe_measures_no_more_rounds_and_a_flat_machine_is_still_refus
 
 
 def test_frontier_cells_sit_on_the_right_side_in_whole_blocks():
-    cells = frontier_prefixes(590, BLOCK)
-    assert all(p % BLOCK == 0 for p in cells)
-    assert all((p < 590) == (k < 1) for p, k in cells.items())
-    assert len(cells) == len(FRONTIER)
+    for p_star in (590, 640, 688, 721, 200):
+        cells = frontier_prefixes(p_star, BLOCK)
+        assert all(p % BLOCK == 0 for p in cells)
+        assert all((p < p_star) == (k < 1) for p, k in cells.items()), (p_star, cells)
+        assert len(cells) == len(FRONTIER) or p_star < 4 * BLOCK
+
+
+def test_frontier_cells_round_to_the_nearest_block_so_the_near_cells_stay_near():
+    # p* of 721 tokens in 128-token blocks: 0.85 p* is 613 tokens, 640 the nearest block (0.89 p*), where
+    # rounding away from p* gave 512 (0.71 p*), outside the region a 0.75x rule decides wrongly.
+    cells = frontier_prefixes(721, BLOCK)
+    assert 640 in cells and cells[640] == 0.85 and 896 in cells and cells[896] == 1.2
 
 
 def test_p_star_interpolated_from_the_control_ratios():

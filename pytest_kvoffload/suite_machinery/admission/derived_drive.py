@@ -88,18 +88,22 @@ def design_target(lengths, unit: int) -> int:
 
 
 def frontier_prefixes(p_star: float, unit: int, multiples=FRONTIER) -> dict[int, float]:
-    """Prefix tokens in whole units at each multiple of p_star, {prefix: multiple}: below p* rounded down and
-    above it up (a cell never lands on the wrong side), the nearest first, pushed one unit further out where
-    two would share a prefix; below one unit dropped."""
+    """Prefix tokens in whole units at each multiple of p_star, {prefix: multiple}: the unit nearest the
+    multiple, unless that lands on p* or past it (then the unit on its own side), the nearest to p* first,
+    pushed one unit further out where two would share a prefix; below one unit dropped. Rounding every cell
+    away from p* put make test's 0.85 p* cell at 0.71 (p* of 721 tokens, 128-token units), where a rule wrong
+    by 0.75x decides as the right one does."""
     out: dict[int, float] = {}
     for k in sorted((k for k in multiples if k < 1), reverse=True):
-        p = math.floor(k * p_star / unit) * unit
+        p = math.floor(k * p_star / unit + 0.5) * unit
+        p = p if p < p_star else math.floor(k * p_star / unit) * unit
         while p in out:
             p -= unit
         if p >= unit:
             out[p] = k
     for k in sorted(k for k in multiples if k >= 1):
-        p = max(unit, math.ceil(k * p_star / unit) * unit)
+        p = math.floor(k * p_star / unit + 0.5) * unit
+        p = max(unit, p if p > p_star else math.ceil(k * p_star / unit) * unit)
         while p in out:
             p += unit
         out[p] = k
