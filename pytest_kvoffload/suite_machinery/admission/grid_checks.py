@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pytest_kvoffload.suite_machinery.admission import judge
-from pytest_kvoffload.suite_machinery.admission.queue_probe import burst_table, measured_overlap, run_bursts
+from pytest_kvoffload.suite_machinery.admission.queue_probe import burst_table, measured_overlap
 from pytest_kvoffload.suite_machinery.admission.queue_cells import judge_queue, queue_bursts
 from pytest_kvoffload.suite_machinery.admission.derived_drive import (FRONTIER, SlowDrive, SlowDriveError, design_target,  # noqa: F401
                                                    frontier_drive, frontier_prefixes, interpolated_break_even,
@@ -194,10 +194,8 @@ def calibrate(recorder: Recorder, servers: Servers, slow: Backend, target: int, 
                              f"({frontier.median_ratios()}): no break-even to place the frontier on")
     queue_cells = sorted(frontier_prefixes(measured, block, QUEUE_MULTIPLES))
     control_bursts = {}
-    for r in range(JUDGED_ROUNDS):
-        for prefix in queue_cells:
-            for key, cell in run_bursts(recorder, slow, endpoint, [prefix + 1], [1.0], step, 1, first_round=r).items():
-                control_bursts.setdefault(key, {**cell, "rounds": []})["rounds"] += cell["rounds"]
+    queue_bursts(recorder, slow, endpoint, [(p + 1, 1.0) for p in queue_cells], range(JUDGED_ROUNDS), step,
+                 control_bursts)
     analysis = analyse(recorder.cells(slow.name), settings.kv_bytes_per_token, {slow.name: tier_name})
     calibration = build_calibration(analysis, settings, recorder.environment())
     tier = calibration["tiers"][slow.name]

@@ -36,10 +36,10 @@ def judge_queue(recorder: Recorder, pair: tuple, control_bursts: dict, bursts: d
         recorder.progress(f"admission: queue cell(s) {', '.join(map(str, prefixes))} undecided; {more} more rounds "
                           "on both servers")
         keys = [k for k in control_bursts if k[0] - 1 in prefixes]
+        sides = ((pair[0][0], pair[0][1], control_bursts), (pair[1][0], pair[1][1], bursts))
         for r in range(first_extra, first_extra + more):
-            for (b, e, _), into in zip(pair if r % 2 == 0 else pair[::-1],
-                                       (control_bursts, bursts) if r % 2 == 0 else (bursts, control_bursts)):
-                settle([x[1] for x in pair])
+            for b, e, into in (sides if r % 2 == 0 else sides[::-1]):  # who goes first alternates
+                settle([side[1] for side in sides])
                 queue_bursts(recorder, b, e, keys, [r], step, into)
         return queue_decisions()
 
