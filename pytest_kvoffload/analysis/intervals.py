@@ -62,13 +62,6 @@ def t_quantile(df: float, confidence: float = CONFIDENCE) -> float:
     return float(stats.t.ppf(1.0 - (1.0 - confidence) / 2, df))
 
 
-def t_halfwidth(se: float, df: float, confidence: float = CONFIDENCE) -> float:
-    """Half the two-sided interval of an estimate with standard error `se` on `df` degrees of freedom."""
-    if se == 0:
-        return 0.0
-    return t_quantile(df, confidence) * se
-
-
 def t_bound_halfwidth(se: float, df: float, confidence: float = CONFIDENCE) -> float:
     """How far a one-sided bound at `confidence` lies from an estimate with standard error `se` on `df`
     degrees of freedom (a verdict that is "at most a limit" tests each side on its own: see analysis/outcome.py)."""
