@@ -22,6 +22,10 @@ ADMISSION_CAP = PAIRED_CAP - 1.0
 # prefix's bytes at the drive's read rate).
 TIER_TARGET_RATIO = 1.05
 
+# Each tier against its physical limit (analysis/tier_limit.py): a tier hit at most 5% over its server's
+# engine hit plus the cached bytes at its medium's rate.
+TIER_LIMIT_RATIO = 1.05
+
 # The output check (measure/output_check.py): a hit's logprobs within this many nats of a recompute's at
 # every position, and a near-tie is two tokens within it. bf16 keeps 8 bits of mantissa: logits of a few
 # units differ by a few hundredths between a cold prefill and a hit's other shapes; wrong KV moves more.

@@ -32,6 +32,14 @@ def describe(settings) -> dict:
     }
 
 
+def host_copy() -> dict:
+    """The host's copy rate (median and range, GB/s): a DRAM tier's limit (analysis/tier_limit.py)."""
+    from pytest_kvoffload.drive.host_copy import host_copy as measure_copy
+
+    rate = measure_copy()
+    return {"gbps": rate.median, "range": list(rate.range)}
+
+
 def drive(folder) -> dict:
     """The drive under the run folder (where stores live unless told otherwise) and a quick O_DIRECT probe."""
     import os

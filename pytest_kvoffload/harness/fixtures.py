@@ -68,7 +68,8 @@ def kv_measure(kv_session, kv_backend, kv_server, request):
         if cell.length not in kv_session.lengths:
             pytest.skip(f"{cell.length} tokens left out: cold prefill predicted above the "
                         f"{kv_session.settings.max_prefill_s:g} s budget on this machine (--kv-max-prefill)")
-        runner = CellRunner(kv_session.recorder, kv_backend, kv_server, cell)
+        # Tier hits carry their server's engine hit of each round: the tier's limit (analysis/tier_limit.py).
+        runner = CellRunner(kv_session.recorder, kv_backend, kv_server, cell, paired_engine=True)
         # pytest-benchmark times one measurement per test: the first cell of a test goes through it.
         outcome = runner.run(rounds or kv_session.settings.rounds, benchmarks.pop() if benchmarks else None)
         if check and outcome.failures:

@@ -102,6 +102,7 @@ class KVSession:
             env = environment.describe(self.settings)
             run_dir.mkdir(parents=True, exist_ok=True)
             env["drive"] = environment.drive(run_dir)
+            env["host_copy"] = environment.host_copy()
             if self.devices is not None:
                 env["cuda_visible_devices"] = self.devices
             if self.hook is not None:
@@ -319,6 +320,7 @@ class KVSession:
                 interrupted = True
         if self._writer is None:
             return None
-        cells, analysis = compute_results(self._writer.measurements, self.registry.tiers(), self.settings)
+        cells, analysis = compute_results(self._writer.measurements, self.registry.tiers(), self.settings,
+                                          self.run_record().environment)
         self._writer.finish("partial" if interrupted else "complete", cells, analysis)
         return self._writer.data

@@ -98,7 +98,7 @@ class CellRunner:
 
     def __init__(self, recorder: Recorder, backend: Backend, endpoint: Endpoint, cell: Cell,
                  first_round: int = 0, purpose: str = "measure", check_output: bool = True,
-                 cold_prime: bool = False) -> None:
+                 cold_prime: bool = False, paired_engine: bool = False) -> None:
         if cold_prime and (cell.state is State.COLD or cell.fraction != 1.0):
             raise ValueError(f"cold_prime needs a hit cell whose prompt is all prefix, not {cell.id}")
         self.recorder = recorder
@@ -120,6 +120,9 @@ class CellRunner:
         # A buffered disk tier's page-cache state before this round's hit (Recorder.before_tier_read).
         self._tier_read: dict | None = None
         self.cold_prime = cold_prime
+        # A tier-hit cell's rounds each followed by an engine hit of the same prefix on the same server: the
+        # tier's limit, paired round by round (analysis/tier_limit.py).
+        self.paired_engine = paired_engine and cell.state is State.TIER_HIT
         self.colds = CellOutcome(Cell(cell.length, 0.0, State.COLD), backend.name)
         # This round's prime, where it computed the whole prompt with no cache: the output check's reference.
         self._reference: RequestResult | None = None
@@ -233,7 +236,23 @@ class CellRunner:
         if expect.tokens:
             # How this server's vLLM counts cached tokens by source (by tier from 0.32 on: core/vllm_releases.py).
             output = {**(output or {}), "sources_counted": release.verification}
+        if self.paired_engine and tier_hit:
+            output = {**(output or {}), **self._engine_beside()}
         self._record(result, purpose=self.purpose, expected=expect, problem=problem, output=output)
+
+    def _engine_beside(self) -> dict:
+        """Right after a tier hit, outside its timing: an engine hit of the same prefix (the tier hit left it
+        in the engine's cache) with a suffix of its own, so it computes what the hit computed and stores
+        nothing the next round finds; its time and whether its sources were the engine's."""
+        prompt = self.prompt("engine-beside") if self._prompt.suffix else self._prompt
+        result = measure(self.endpoint, list(prompt.tokens))
+        settings = self.recorder.settings
+        expect = expectation(Cell(self.cell.length, self.cell.fraction, State.ENGINE_HIT), len(prompt.prefix),
+                             settings.block_size, self.backend.tier, self.backend.granularity(settings),
+                             self.backend.last_block_source, self.backend.serves_all_but_last_token)
+        release = getattr(self.endpoint, "release", DEFAULT)
+        problem = expect.as_counted_by(release).check(result.cached_by_source)
+        return {"engine_beside_s": result.client_ttft_s, "engine_beside_problem": problem}
 
     def _record(self, result: RequestResult, purpose: str, expected=None, problem: str | None = None,
                 output: dict | None = None, state: State | None = None) -> None:

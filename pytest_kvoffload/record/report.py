@@ -8,11 +8,9 @@ from collections import defaultdict
 from tabulate import tabulate
 
 from pytest_kvoffload.record.disk_speed_summary import disk_speed_text, is_disk_speed
-from pytest_kvoffload.record import roles
-
+from pytest_kvoffload.record import roles, tier_limit_table
 from pytest_kvoffload.core.cell_state import State
-from pytest_kvoffload.analysis.cell_stats import quantile
-from pytest_kvoffload.analysis.cell_stats import excluded
+from pytest_kvoffload.analysis.cell_stats import excluded, quantile
 from pytest_kvoffload.analysis.tier_target import (TARGET_RATIO, allowance_s, bound_s, enough_tokens, of_bound_text,
                                                tier_tokens)
 
@@ -87,6 +85,7 @@ def render(run: dict) -> str:
             lines.append(decisions)
         lines.append("")
     lines.extend(side_by_side_lines(run))
+    lines.extend(tier_limit_table.table_lines(run))
     lines.extend(break_even_lines(run.get("analysis") or {},
                                   ((run.get("environment") or {}).get("drive") or {}).get("read_gbps")))
     lines.extend(transfer_lines(run.get("backends") or {}))

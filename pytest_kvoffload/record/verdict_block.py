@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pytest_kvoffload.record.disk_speed_summary import disk_speed_of
 from pytest_kvoffload.record import roles
 from pytest_kvoffload.record.report import CLOSE_CALLS, side_by_side_rows
+from pytest_kvoffload.record import tier_limit_table
 from pytest_kvoffload.analysis.outcome import MET, MISSED, UNDECIDED
 
 FIGURE = "figure"  # a line that reports a figure nothing is judged against
@@ -139,6 +140,11 @@ def disk_speed(run: dict) -> list[VerdictLine]:
     return [VerdictLine(FIGURE, name, figure, f"{name}; run.json")]
 
 
+def tier_limits(run: dict) -> list[VerdictLine]:
+    return [VerdictLine(outcome, what, figure, tier_limit_table.SECTION)
+            for outcome, what, figure in tier_limit_table.verdict_lines(run)]
+
+
 def close_calls_left(run: dict) -> list[VerdictLine]:
     calls = (run.get("benchmarks") or {}).get(CLOSE_CALLS) or {}
     left = calls.get("left") or []
@@ -150,7 +156,7 @@ def close_calls_left(run: dict) -> list[VerdictLine]:
 
 def verdict_lines(run: dict) -> list[VerdictLine]:
     lines: list[VerdictLine] = []
-    for part in (source_checks, output_checks, tier_targets, close_calls_left, admission, ab, equal_engines,
+    for part in (source_checks, output_checks, tier_targets, close_calls_left, tier_limits, admission, ab, equal_engines,
                  replay_lines, fits, disk_speed):
         lines.extend(part(run))
     return lines
