@@ -19,7 +19,7 @@ queue:full-credit, which is right where loads progress behind a queue, as on the
 
 import pytest
 
-from pytest_kvoffload.suite_machinery.admission import grid_checks as check, judge
+from pytest_kvoffload.suite_machinery.admission import counterfactual, grid_checks as check, judge
 
 pytestmark = [pytest.mark.parametrize("kv_backend", ["kvoffload-disk"], indirect=True, scope="session"),
               # The unthrottled drive probe, the control and the guarded rule.
@@ -88,3 +88,10 @@ def test_queue_decisions_are_never_wrong_beyond_noise(admission):
     assert judged, "no queue cell could be judged (too few paired rounds behind a queue)"
     found = judge.failures(judged)
     assert not found, f"rule {admission.mode} behind a queue: " + "; ".join(found)
+
+
+def test_near_misses_fail_on_this_runs_rounds(admission, kv_session):
+    wrong, alike = counterfactual.near_misses(admission, kv_session.settings.kv_bytes_per_token)
+    assert not wrong, "; ".join(wrong)
+    if alike:  # no frontier cell lies between where the two rules' decisions part
+        pytest.skip(f"decide every frontier cell as rule {admission.mode} does: {', '.join(alike)}")

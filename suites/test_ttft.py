@@ -5,19 +5,33 @@ vLLM's per-source cache counters, so a "hit" that came from the wrong place fail
 each other tier backend's cells (marker kv_after_cells), the side-by-side table's close calls against it
 (kvoffload-disk against that tier where the grid's rounds cannot tell whether it meets its target) are
 measured again in interleaved rounds (suite_machinery/ttft.py), on the two servers that measured the grid:
-kvoffload-disk's, measured first, stays up (serve/server.ServerPool.keep).
+kvoffload-disk's, measured first, stays up (serve/server.ServerPool.keep). Every tier-hit round is followed
+by its server's engine hit of the same cell, so each tier is judged against its limit round by round; after
+its cells, kvoffload-disk's whole-prefix cells get paired rounds up to 20 (suite_machinery/ttft_limits.py).
 """
 
 import pytest
 
 from pytest_kvoffload.analysis.tier_target import TARGET_TIERS
-from pytest_kvoffload.suite_machinery import ttft as close_calls
+from pytest_kvoffload.suite_machinery import ttft as close_calls, ttft_limits
 from pytest_kvoffload.record.report import CLOSE_CALLS
 
 
 def test_ttft(kv_cell, kv_measure):
     outcome = kv_measure(kv_cell)
     assert len(outcome.results) >= 1
+
+
+@pytest.mark.kv_after_cells
+def test_whole_prefix_hits_against_their_limit(kv_session, kv_backend, kv_server):
+    # Report-only: the cells' ratios to their limit are tabled ("tiers against their limits"), not asserted.
+    if kv_backend.name != kv_session.registry.ours():
+        pytest.skip(f"more rounds against the limit for {kv_session.registry.ours()} only")
+    cells = ttft_limits.whole_prefix_cells(kv_session.cells(kv_backend.name), kv_backend.name)
+    if not cells:
+        pytest.skip(f"no whole-prefix tier hit of {kv_backend.name} measured")
+    failures = ttft_limits.more_rounds(kv_session.recorder, kv_backend, kv_server, cells, kv_session.settings.rounds)
+    assert not failures, "; ".join(failures[:3])
 
 
 def targeted(kv_session, ours: str) -> list[str]:

@@ -12,7 +12,10 @@ is paired within the round: the engine drifting between the grid's passes cancel
 at its medium's rate with nothing else in the way; under 1, the tier read faster than the figure the run
 has for its medium (a page cache, a drive figure that is low).
 
-Verdict per cell: the mean of its rounds' log ratios with a one-sided t bound each side at 95%, the spread
+Verdict per cell with enough rounds for it (6 or more; the TTFT suite measures our whole-prefix cells to
+20): the median ratio with one-sided distribution-free 95% bounds (order statistics), which a stalled round
+(a 126 ms tier hit among 30 ms ones, seen) cannot move. A cell with the grid's 2 or 3 rounds: the mean of
+its rounds' log ratios with a one-sided t bound each side at 95%, the spread
 pooled over one backend's cells of one cached fraction (a run has 2 or 3 rounds a cell; rounds of one server
 at one fraction vary alike across lengths: stated, as the gate's pooled noise is; a hit with a suffix to
 compute varies as that prefill does, several times more than a whole-prefix hit on the 2-core VM:
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pytest_kvoffload.analysis.intervals import t_bound_halfwidth
+from pytest_kvoffload.analysis.intervals import fewest_for_median_interval, median_bound, t_bound_halfwidth
 from pytest_kvoffload.analysis.outcome import Verdict, at_most
 from pytest_kvoffload.core.cell_state import State
 from pytest_kvoffload.core.tolerances import CONFIDENCE, TIER_LIMIT_RATIO
@@ -36,6 +39,9 @@ from pytest_kvoffload.core.tolerances import CONFIDENCE, TIER_LIMIT_RATIO
 # vLLM's source label of a DRAM (host) tier; every other tier is read at the drive's rate.
 HOST = "host"
 DRIVE = "drive"
+# The purpose of the TTFT suite's extra paired rounds (suite_machinery/ttft_limits.py): kept out of the grid's
+# cells, judged here with its rounds.
+LIMIT_PURPOSE = "tier-limit"
 
 
 @dataclass(frozen=True)
@@ -57,7 +63,7 @@ def paired_rounds(measurements: list[dict]) -> dict[tuple[str, int, float], list
     """(backend, length, fraction) -> its verified tier-hit rounds that carry a verified engine hit beside."""
     cells: dict[tuple[str, int, float], list[LimitRound]] = defaultdict(list)
     for m in measurements:
-        if (m.get("purpose", "measure") != "measure" or m.get("state") != State.TIER_HIT.value
+        if (m.get("purpose", "measure") not in ("measure", LIMIT_PURPOSE) or m.get("state") != State.TIER_HIT.value
                 or m.get("verified") is False or m.get("engine_beside_s") is None or m.get("engine_beside_problem")):
             continue
         tokens = sum(v for s, v in (m.get("cached_by_source") or {}).items() if s != "device")
@@ -84,6 +90,18 @@ def backend_verdicts(backend: str, cells: dict[tuple[int, float], list[LimitRoun
     low_confidence = 1.0 - (1.0 - CONFIDENCE) / max(1, len(logs))
     rows = []
     for (length, fraction), x in logs.items():
+        rounds = cells[(length, fraction)]
+        fields = {"backend": backend, "length": length, "fraction": fraction, "ratios": np.exp(x).tolist(),
+                  "tier_s": [r.tier_s for r in rounds], "engine_s": [r.engine_s for r in rounds],
+                  "limit_s": [r.limit_s(kv_bytes_per_token, gbps) for r in rounds]}
+        if len(x) >= fewest_for_median_interval():
+            ratios = fields["ratios"]
+            verdict = at_most(f"{backend} {length} x {fraction:g} tier hit / its limit", float(np.median(ratios)),
+                              median_bound(ratios, upper=False, confidence=low_confidence),
+                              median_bound(ratios, upper=True), limit, rounds=len(x),
+                              how="paired with its engine hit, median, distribution-free")
+            rows.append({**fields, **_fields(verdict)})
+            continue
         sd, df = pooled[fraction]
         se = sd / math.sqrt(len(x)) if math.isfinite(sd) else math.inf
         low_half = t_bound_halfwidth(se, df, low_confidence) if math.isfinite(se) else math.inf
@@ -93,10 +111,7 @@ def backend_verdicts(backend: str, cells: dict[tuple[int, float], list[LimitRoun
                           math.exp(mean - low_half), math.exp(mean + high_half) if math.isfinite(high_half) else None,
                           limit, rounds=len(x), how=f"paired with its engine hit, noise pooled over the "
                                                      f"backend's cells at this fraction (t, {df} df)")
-        rounds = cells[(length, fraction)]
-        rows.append({"backend": backend, "length": length, "fraction": fraction, "ratios": np.exp(x).tolist(),
-                     "tier_s": [r.tier_s for r in rounds], "engine_s": [r.engine_s for r in rounds],
-                     "limit_s": [r.limit_s(kv_bytes_per_token, gbps) for r in rounds], **_fields(verdict)})
+        rows.append({**fields, **_fields(verdict)})
     return rows
 
 
@@ -126,4 +141,4 @@ def tier_limits(measurements: list[dict], tiers: dict[str, str], kv_bytes_per_to
     return found
 
 
-__all__ = ["DRIVE", "HOST", "LimitRound", "backend_verdicts", "medium", "paired_rounds", "tier_limits"]
+__all__ = ["DRIVE", "HOST", "LIMIT_PURPOSE", "LimitRound", "backend_verdicts", "medium", "paired_rounds", "tier_limits"]

@@ -98,9 +98,11 @@ class CellRunner:
 
     def __init__(self, recorder: Recorder, backend: Backend, endpoint: Endpoint, cell: Cell,
                  first_round: int = 0, purpose: str = "measure", check_output: bool = True,
-                 cold_prime: bool = False, paired_engine: bool = False) -> None:
+                 cold_prime: bool = False, paired_engine: bool = False, reuse: tuple[str, int] | None = None) -> None:
         if cold_prime and (cell.state is State.COLD or cell.fraction != 1.0):
             raise ValueError(f"cold_prime needs a hit cell whose prompt is all prefix, not {cell.id}")
+        if reuse and (cell.state is not State.TIER_HIT or cell.fraction != 1.0 or cold_prime):
+            raise ValueError(f"a round without its prime needs a tier-hit cell whose prompt is all prefix, not {cell.id}")
         self.recorder = recorder
         self.backend = backend
         self.endpoint = endpoint
@@ -123,6 +125,9 @@ class CellRunner:
         # A tier-hit cell's rounds each followed by an engine hit of the same prefix on the same server: the
         # tier's limit, paired round by round (analysis/tier_limit.py).
         self.paired_engine = paired_engine and cell.state is State.TIER_HIT
+        # (purpose, round): every round's prompt is the one an earlier runner of this cell (that purpose, that
+        # round) left in the tier; a round then only empties the caches above the tier, as a prime's end does.
+        self.reuse = reuse
         self.colds = CellOutcome(Cell(cell.length, 0.0, State.COLD), backend.name)
         # This round's prime, where it computed the whole prompt with no cache: the output check's reference.
         self._reference: RequestResult | None = None
@@ -131,7 +136,8 @@ class CellRunner:
         s = self.recorder
         fraction = self.cell.fraction if self.cell.state is not State.COLD else 0.0
         # The purpose is part of the key: a suite's probes must never warm the cells measured after them.
-        salt = f"{s.salt}|{self.backend.name}|{self.purpose}|{self.cell.state.value}|round{self._round}"
+        purpose, round_ = self.reuse or (self.purpose, self._round)
+        salt = f"{s.salt}|{self.backend.name}|{purpose}|{self.cell.state.value}|round{round_}"
         return make_prompt(self.cell.length, fraction, seed=s.settings.random_seed, salt=salt, variant=variant,
                            vocab_size=s.settings.model.vocab_size)
 
@@ -147,7 +153,10 @@ class CellRunner:
             primer = Prompt(self._prompt.prefix, ()) if self._prompt.prefix else self.prompt("prime")
             whole = not self._prompt.suffix and (self.cold_prime or self._checks_output())
             first = self._prime_whole if whole else None
-            if self.cell.state is State.TIER_HIT:
+            if self.cell.state is State.TIER_HIT and self.reuse:
+                leave_in_tier_only(self.endpoint, self.backend, lambda i: None)
+                self._tier_read = self.recorder.before_tier_read(self.backend.name)
+            elif self.cell.state is State.TIER_HIT:
                 for i, result in enumerate(place_in_tier_only(self.endpoint, self.backend, primer.tokens, first)):
                     if not (i == 0 and self.cold_prime):
                         self._record(result, purpose="prime")

@@ -13,6 +13,7 @@ from pytest_kvoffload.core.tolerances import GATE_P90_ROUNDS
 from pytest_kvoffload.record import page_plots
 from pytest_kvoffload.analysis.run_gate import Comparison
 from pytest_kvoffload.record.report import side_by_side_rows
+from pytest_kvoffload.record.tier_limit_table import rows_of as limit_rows
 from pytest_kvoffload.record.verdict_block import verdict_lines
 from pytest_kvoffload.analysis.outcome import MET, MISSED, UNDECIDED
 
@@ -80,7 +81,7 @@ def render_run_page(run: dict, run_dir: Path | None = None) -> str:
         verdicts=verdicts, counts=_counts([v.outcome for v in verdicts]),
         plots={"ttft": _plot(page_plots.ttft_panels, run), "break_even": _plot(page_plots.break_even_panels, run),
                "admission": _plot(page_plots.admission_panels, run)},
-        side=side_by_side_rows(run), machine_rows=machine_rows(run, run_dir), files=files)
+        side=side_by_side_rows(run), limits=limit_rows(run), machine_rows=machine_rows(run, run_dir), files=files)
 
 
 def write_run_page(run: dict, run_dir: Path) -> Path:

@@ -30,10 +30,9 @@ def _cell_text(cell: dict) -> str:
     return f"{cell['estimate']:.2f} [{_side(cell['low'])}, {_side(cell['high'])}] {mark}"
 
 
-def table_lines(run: dict) -> list[str]:
+def rows_of(run: dict) -> tuple[list[str], list[dict]]:
+    """(the backends, one row per cell: length, cached, each backend's cell or None, the one nearest its limit)."""
     limits = limits_of(run)
-    if not limits:
-        return []
     names = list(limits)
     keys = sorted({(c["length"], c["fraction"]) for e in limits.values() for c in e["cells"]})
     by = {(b, c["length"], c["fraction"]): c for b, e in limits.items() for c in e["cells"]}
@@ -42,12 +41,23 @@ def table_lines(run: dict) -> list[str]:
         found = [by.get((b, length, fraction)) for b in names]
         present = [(b, c) for b, c in zip(names, found) if c is not None]
         lowest = min(present, key=lambda bc: bc[1]["estimate"])[0] if present else "-"
-        rows.append([length, f"{fraction:g}", *(_cell_text(c) if c else "-" for c in found), lowest])
+        rows.append({"length": length, "cached": f"{fraction:g}", "cells": found, "lowest": lowest,
+                     "texts": [_cell_text(c) if c else "-" for c in found]})
+    return names, rows
+
+
+def table_lines(run: dict) -> list[str]:
+    limits = limits_of(run)
+    if not limits:
+        return []
+    names, found = rows_of(run)
+    rows = [[r["length"], r["cached"], *r["texts"], r["lowest"]] for r in found]
     media = "; ".join(f"{b}: {e['medium']} at {e['gbps']:.2f} GB/s" if e.get("gbps") else f"{b}: {e.get('reason')}"
                       for b, e in limits.items())
     return [f"{SECTION} (per round: the tier hit over its server's engine hit of the same cell, measured right "
-            f"after it, plus the cached tokens' bytes at its medium's rate; mean of the rounds with one-sided 95% "
-            f"bounds, noise pooled over each backend's cells of one fraction; met at most {TIER_LIMIT_RATIO:g}, missed past it "
+            f"after it, plus the cached tokens' bytes at its medium's rate; with 6 rounds or more the median and its "
+            f"one-sided distribution-free 95% bounds, with fewer the mean and t bounds, noise pooled over a "
+            f"backend's cells of one fraction; met at most {TIER_LIMIT_RATIO:g}, missed past it "
             f"and past 1; under 1: read faster than the run's figure for its medium. Rates: {media})",
             tabulate(rows, headers=["length", "cached", *names, "nearest its limit"], disable_numparse=True), ""]
 
@@ -71,4 +81,4 @@ def verdict_lines(run: dict) -> list[tuple[str, str, str]]:
     return lines
 
 
-__all__ = ["SECTION", "limits_of", "table_lines", "verdict_lines"]
+__all__ = ["SECTION", "limits_of", "rows_of", "table_lines", "verdict_lines"]

@@ -78,3 +78,13 @@ def test_the_table_has_a_column_per_tier_and_the_block_a_line_per_backend():
     lines = {what: outcome for outcome, what, _ in verdict_lines(run)}
     assert lines == {"kvoffload-disk against its limit (report-only)": "met",
                      "native-disk against its limit (report-only)": "missed"}
+
+
+def test_a_cell_of_20_rounds_is_judged_on_its_median_and_a_stalled_round_cannot_move_it():
+    at_limit = rounds("kvoffload-disk", 1.0, noise=0.02, n=20, seed=7)
+    at_limit[4]["client_ttft_s"] *= 4  # a stalled tier hit
+    found = tier_limits(at_limit, {"kvoffload-disk": "disk"}, KV, {DRIVE: DRIVE_GBPS, HOST: HOST_GBPS})
+    cells = found["kvoffload-disk"]["cells"]
+    assert all("median" in c["how"] for c in cells) and {c["outcome"] for c in cells} == {"met"}
+    past = rounds("kvoffload-disk", 1.12, noise=0.02, n=20, seed=8)
+    assert set(outcomes(past)) == {"missed"}

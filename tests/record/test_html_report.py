@@ -16,7 +16,7 @@ from pytest_kvoffload.record.html_report import render_run_page
 from pytest_kvoffload.analysis.cell_stats import cell_table
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
-RUN_SECTIONS = ("verdicts", "ttft", "break-even", "admission", "side-by-side", "machine", "logs")
+RUN_SECTIONS = ("verdicts", "ttft", "break-even", "admission", "side-by-side", "tier-limits", "machine", "logs")
 
 
 class Page(HTMLParser):
@@ -124,3 +124,12 @@ def test_a_headless_browser_shows_the_verdicts_on_the_first_screen(tmp_path):
     bar = np.all(np.abs(pixels - np.array(BAR)) <= 2, axis=-1)
     assert bar.sum() > 2000, "the verdict block's bar is not on the first screen"
     assert np.nonzero(bar.any(axis=1))[0].min() < 400  # in the upper half, without scrolling
+
+
+def test_the_page_shows_each_tier_against_its_limit_with_a_miss_marked(tmp_path):
+    run, folder = run_with_rounds(tmp_path)
+    cell = {"length": 1280, "fraction": 1.0, "estimate": 1.09, "low": 1.01, "high": 1.13, "outcome": "missed"}
+    run.setdefault("analysis", {})["kvoffload-disk"] = {
+        **run["analysis"].get("kvoffload-disk", {}), "tier_limit": {"medium": "drive", "gbps": 4.0, "cells": [cell]}}
+    page = parse(render_run_page(run, folder))
+    assert "tier-limits" in page.ids and "missed" in page.rows

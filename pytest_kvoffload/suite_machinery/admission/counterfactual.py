@@ -1,0 +1,64 @@
+"""A near miss judged on this run's own rounds: what another rule (a planted one, rigged/planted_admission.py)
+would have decided in each frontier cell, on the calibration the guarded server read, judged as the suite
+judges the rule under test. Where that rule would have loaded, the control's load of the same cell and
+round (the control takes every load, on the same emulated drive) stands in for the guarded server's hit.
+
+This puts a near-miss control through make test end to end for the cost of none: the rounds are the live
+ones, the decisions the connector's own rule objects. Its own control: the rule under test, decided this
+way, must decide every round as the guarded server did."""
+
+from __future__ import annotations
+
+from pytest_kvoffload.connector.counters import Counters
+from pytest_kvoffload.rigged.planted_admission import rule as rule_of
+from pytest_kvoffload.suite_machinery.admission import judge
+
+
+def decides(run, mode: str, kv_bytes_per_token: int) -> dict[int, bool]:
+    """Frontier prefix -> whether `mode`'s rule admits its load (prompts of prefix + 1 tokens, all of them
+    shared, nothing in the engine's cache)."""
+    rule = rule_of(run.tier, kv_bytes_per_token, Counters(), mode)
+    return {prefix: bool(rule(prefix, prefix + 1, 0)) for prefix in run.multiples}
+
+
+def differs(run, mode: str, kv_bytes_per_token: int) -> list[int]:
+    """The frontier prefixes where `mode` decides unlike the rule under test: none, and no verdict on this
+    frontier can tell the two apart (its cells fall either side of where they differ)."""
+    theirs, ours = decides(run, mode, kv_bytes_per_token), decides(run, run.mode, kv_bytes_per_token)
+    return sorted(p for p in theirs if theirs[p] != ours[p])
+
+
+def judged_as(run, mode: str, kv_bytes_per_token: int) -> list[judge.CellVerdict]:
+    """The frontier's verdicts had `mode` been the rule, on the control's rounds."""
+    admits = decides(run, mode, kv_bytes_per_token)
+    cells = {p: [judge.Decision(admits[p], r.ratio, r.ratio, 1.0) for r in run.control.cells.get(p, [])]
+             for p in run.multiples}
+    return judge.judge({p: ds for p, ds in cells.items() if ds}, run.multiples, run.tier.get("margin", 0.0))
+
+
+def unlike_live(run, kv_bytes_per_token: int) -> list[str]:
+    """The stand-in's own control: each frontier cell where the rule under test, decided here, decides unlike
+    the guarded server in any of its rounds (empty: faithful)."""
+    admits = decides(run, run.mode, kv_bytes_per_token)
+    return [f"{p} tokens: decided {'admit' if admits[p] else 'decline'} here, the guarded server "
+            f"{sum(r.admitted for r in rounds)} of {len(rounds)} admitted"
+            for p, rounds in sorted(run.guarded.cells.items()) if p in admits
+            and any(r.admitted != admits[p] for r in rounds)]
+
+
+# The near misses make test judges on every admission run: a rule 1.3x too cautious and one 0.75x too eager.
+NEAR_MISSES = ("static:scale=1.3", "static:scale=0.75")
+
+
+def near_misses(run, kv_bytes_per_token: int, modes=NEAR_MISSES) -> tuple[list[str], list[str]]:
+    """(what is wrong: the stand-in unlike the guarded server, or a near miss that would pass; the near misses
+    that decide every frontier cell as the rule under test does, which no frontier verdict can tell apart)."""
+    wrong = unlike_live(run, kv_bytes_per_token)
+    alike = [m for m in modes if not differs(run, m, kv_bytes_per_token)]
+    for mode in (m for m in modes if m not in alike):
+        verdicts = judged_as(run, mode, kv_bytes_per_token)
+        if not (judge.failures(verdicts) or judge.undecided(verdicts)):
+            wrong.append(f"{mode} would pass: " + "; ".join(v.describe() for v in verdicts))
+    return wrong, alike
+
+__all__ = ["NEAR_MISSES", "decides", "differs", "judged_as", "near_misses", "unlike_live"]

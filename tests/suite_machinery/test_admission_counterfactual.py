@@ -1,0 +1,70 @@
+"""The near misses judged on a run's own rounds (suite_machinery/admission/counterfactual.py): on rounds of a
+latency-bound drive with the measured kind of noise, the right rule's stand-in decides as the guarded
+server did and passes, and each planted near miss fails or is left undecided (either fails the suite)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from pytest_kvoffload.core.costs import RecomputeFit
+from pytest_kvoffload.suite_machinery.admission import counterfactual, judge
+from pytest_kvoffload.suite_machinery.admission.derived_drive import (FRONTIER, frontier_drive, frontier_prefixes,
+                                                                      ratio)
+from pytest_kvoffload.suite_machinery.admission.grid_checks import Frontier, Round
+
+KV = 4096
+RECOMPUTE = RecomputeFit(0.02, 1.8e-4, 0.0)
+SPT = 1e-7
+BLOCK = 128
+TARGET = 640
+
+
+def run_of(mode="static", n=5, jitter=0.03, guarded_mode=None):
+    """An admission run's frontier: the control's rounds at each cell's true ratio with +-jitter, the guarded
+    server's decisions those of `guarded_mode` (default `mode`)."""
+    drive = frontier_drive(TARGET, RECOMPUTE, 0.025, SPT, judge.CAP)
+    fixed = 0.025 + drive.latency_s
+    tier = {"recompute": {"a": RECOMPUTE.a, "b": RECOMPUTE.b, "c": RECOMPUTE.c}, "bandwidth_gbps": KV / SPT / 1e9,
+            "fixed_s": fixed, "margin": 0.02}
+    multiples = {p: p / TARGET for p in frontier_prefixes(TARGET, BLOCK, FRONTIER)}
+    control, guarded = Frontier("control"), Frontier("guarded")
+    run = SimpleNamespace(tier=tier, multiples=multiples, control=control, guarded=guarded, mode=mode)
+    admits = counterfactual.decides(run, guarded_mode or mode, KV)
+    for p in multiples:
+        true = ratio(p, RECOMPUTE, fixed, SPT)
+        noise = [1 + jitter * ((i * 7) % 5 - 2) / 2 for i in range(n)]
+        control.cells[p] = [Round(true * e, 1.0, p, True, False) for e in noise]
+        guarded.cells[p] = [Round(true * e if admits[p] else e, 1.0, p if admits[p] else 0, admits[p], not admits[p])
+                            for e in noise]
+    return run
+
+
+def test_the_right_rule_decides_as_the_guarded_server_and_passes():
+    run = run_of("static")
+    assert counterfactual.unlike_live(run, KV) == []
+    verdicts = counterfactual.judged_as(run, "static", KV)
+    assert judge.failures(verdicts) == [] and judge.undecided(verdicts) == []
+
+
+@pytest.mark.parametrize("near_miss", counterfactual.NEAR_MISSES)
+def test_each_near_miss_fails_on_the_same_rounds(near_miss):
+    verdicts = counterfactual.judged_as(run_of("static"), near_miss, KV)
+    assert judge.failures(verdicts) or judge.undecided(verdicts)
+
+
+def test_a_stand_in_unlike_the_guarded_server_is_named():
+    run = run_of("static", guarded_mode="static:scale=1.3")
+    unlike = counterfactual.unlike_live(run, KV)
+    assert unlike and all("tokens: decided admit here" in u for u in unlike)
+
+
+def test_a_near_miss_that_decides_every_cell_alike_is_named_not_passed():
+    run = run_of("static")
+    run.multiples = {p: m for p, m in run.multiples.items() if m < 0.6 or m > 1.6}  # nothing near p*
+    wrong, alike = counterfactual.near_misses(run, KV)
+    assert wrong == [] and alike == list(counterfactual.NEAR_MISSES)
+
+
+def test_near_misses_on_a_frontier_that_can_tell_them_fail():
+    wrong, alike = counterfactual.near_misses(run_of("static"), KV)
+    assert wrong == [] and alike == []
