@@ -14,13 +14,12 @@ has for its medium (a page cache, a drive figure that is low).
 
 Verdict per cell with enough rounds for it (6 or more; the TTFT suite measures our whole-prefix cells to
 20): the median ratio with one-sided distribution-free 95% bounds (order statistics), which a stalled round
-(a 126 ms tier hit among 30 ms ones, seen) cannot move. A cell with the grid's 2 or 3 rounds: the mean of
-its rounds' log ratios with a one-sided t bound each side at 95%, the spread
-pooled over one backend's cells of one cached fraction (a run has 2 or 3 rounds a cell; rounds of one server
-at one fraction vary alike across lengths: stated, as the gate's pooled noise is; a hit with a suffix to
-compute varies as that prefill does, several times more than a whole-prefix hit on the 2-core VM:
-docs/notes/2026-12-07-tier-limits.md), the lower bound split over the backend's cells (Bonferroni, as
-run_gate does); met at most core/tolerances.TIER_LIMIT_RATIO, through analysis/outcome.at_most.
+cannot move (rounds stall: docs/notes/2026-12-07-tier-limits.md). A cell with the grid's 2 or 3 rounds: the
+mean of its rounds' log ratios with a one-sided t bound each side at 95%, the spread pooled over one
+backend's cells of one cached fraction (stated: rounds of one server at one fraction vary alike across
+lengths, as the gate's pooled noise assumes; a hit with a suffix to compute varies as that prefill does,
+more than a whole-prefix hit). The lower bound is split over the backend's cells (Bonferroni, as run_gate
+does); met at most core/tolerances.TIER_LIMIT_RATIO, through analysis/outcome.at_most.
 """
 
 from __future__ import annotations

@@ -73,3 +73,14 @@ def test_only_a_whole_prefix_tier_hit_may_reuse_a_prompt():
     import pytest
     with pytest.raises(ValueError, match="all prefix"):
         CellRunner(recorder([]), backend(), EngineFake(), Cell(1025, 0.5, State.TIER_HIT), reuse=("measure", 1))
+
+
+def test_the_limit_rounds_prime_once_and_reuse_that_prompt(monkeypatch):
+    from pytest_kvoffload.suite_machinery.ttft_limits import more_rounds
+    fake = EngineFake()
+    install(monkeypatch, fake)
+    kept = []
+    failures = more_rounds(recorder(kept), backend(), fake, [Cell(1025, 1.0, State.TIER_HIT)], grid_rounds=2, pairs=5)
+    # 3 rounds: the first primes (prime, tier hit, engine hit), the other two reuse its prompt (tier hit, engine hit).
+    assert len(fake.prompts) == 3 + 2 + 2 and len(set(fake.prompts)) == 1
+    assert [r["round"] for r in kept if r["purpose"] == "tier-limit"] == [3, 4, 5] and isinstance(failures, list)
