@@ -216,9 +216,7 @@ class CellRunner:
         result, self._pending = self._pending, None
         attach_sources(self.endpoint, self._before, result)
         settings = self.recorder.settings
-        expect = expectation(self.cell, len(self._prompt.prefix), settings.block_size, self.backend.tier,
-                             self.backend.granularity(settings), self.backend.last_block_source,
-                             self.backend.serves_all_but_last_token)
+        expect = self._expectation(self.cell, len(self._prompt.prefix))
         if result.connector.get("kvoffload:loads_declined_total"):
             # The admission rule chose to recompute: nothing may come from the tier.
             expect = Expectation(None, 0)
@@ -249,16 +247,20 @@ class CellRunner:
             output = {**(output or {}), **self._engine_beside()}
         self._record(result, purpose=self.purpose, expected=expect, problem=problem, output=output)
 
+    def _expectation(self, cell: Cell, prefix_tokens: int) -> Expectation:
+        """What `cell`'s request with a `prefix_tokens` shared prefix must report by source on this backend."""
+        settings = self.recorder.settings
+        return expectation(cell, prefix_tokens, settings.block_size, self.backend.tier,
+                           self.backend.granularity(settings), self.backend.last_block_source,
+                           self.backend.serves_all_but_last_token)
+
     def _engine_beside(self) -> dict:
         """Right after a tier hit, outside its timing: an engine hit of the same prefix (the tier hit left it
         in the engine's cache) with a suffix of its own, so it computes what the hit computed and stores
         nothing the next round finds; its time and whether its sources were the engine's."""
         prompt = self.prompt("engine-beside") if self._prompt.suffix else self._prompt
         result = measure(self.endpoint, list(prompt.tokens))
-        settings = self.recorder.settings
-        expect = expectation(Cell(self.cell.length, self.cell.fraction, State.ENGINE_HIT), len(prompt.prefix),
-                             settings.block_size, self.backend.tier, self.backend.granularity(settings),
-                             self.backend.last_block_source, self.backend.serves_all_but_last_token)
+        expect = self._expectation(Cell(self.cell.length, self.cell.fraction, State.ENGINE_HIT), len(prompt.prefix))
         release = getattr(self.endpoint, "release", DEFAULT)
         problem = expect.as_counted_by(release).check(result.cached_by_source)
         return {"engine_beside_s": result.client_ttft_s, "engine_beside_problem": problem}

@@ -88,3 +88,8 @@ def test_a_cell_of_20_rounds_is_judged_on_its_median_and_a_stalled_round_cannot_
     assert all("median" in c["how"] for c in cells) and {c["outcome"] for c in cells} == {"met"}
     past = rounds("kvoffload-disk", 1.12, noise=0.02, n=20, seed=8)
     assert set(outcomes(past)) == {"missed"}
+
+
+def test_a_tier_5_percent_past_the_limit_over_20_rounds_is_missed_and_one_at_it_never():
+    assert set(outcomes(rounds("kvoffload-disk", 1.05 * 1.05, noise=0.01, n=20, seed=9))) == {"missed"}
+    assert "missed" not in outcomes(rounds("kvoffload-disk", 1.0, noise=0.01, n=20, seed=10))
