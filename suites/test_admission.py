@@ -93,5 +93,5 @@ def test_queue_decisions_are_never_wrong_beyond_noise(admission):
 def test_near_misses_fail_on_this_runs_rounds(admission, kv_session):
     wrong, alike = counterfactual.near_misses(admission, kv_session.settings.kv_bytes_per_token)
     assert not wrong, "; ".join(wrong)
-    if alike:  # no frontier cell lies between where the two rules' decisions part
-        pytest.skip(f"decide every frontier cell as rule {admission.mode} does: {', '.join(alike)}")
+    if alike:  # where they part from the rule the hit is within the cap either way: nothing there judges
+        pytest.skip(f"no frontier cell can tell them from rule {admission.mode}: {'; '.join(alike)}")

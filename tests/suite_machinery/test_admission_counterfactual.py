@@ -2,6 +2,7 @@
 latency-bound drive with the measured kind of noise, the right rule's stand-in decides as the guarded
 server did and passes, and each planted near miss fails or is left undecided (either fails the suite)."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -62,7 +63,31 @@ def test_a_near_miss_that_decides_every_cell_alike_is_named_not_passed():
     run = run_of("static")
     run.multiples = {p: m for p, m in run.multiples.items() if m < 0.6 or m > 1.6}  # nothing near p*
     wrong, alike = counterfactual.near_misses(run, KV)
-    assert wrong == [] and alike == list(counterfactual.NEAR_MISSES)
+    assert wrong == [] and [a.split(" parts")[0] for a in alike] == list(counterfactual.NEAR_MISSES)
+
+
+def test_a_near_miss_parting_only_within_the_cap_is_named_not_failed():
+    # make test's frontier on 76483e5's CI run: scale=0.75 parted from the rule only at 0.90 p*, hit/cold 1.03
+    run = run_of("static")
+    parts = counterfactual.differs(run, "static:scale=0.75", KV)
+    assert parts
+    for p in parts:
+        run.control.cells[p] = [dataclasses.replace(r, hit_s=1.03 + 0.01 * (i % 3)) for i, r in enumerate(run.control.cells[p])]
+    assert counterfactual.tells_apart(run, "static:scale=0.75", KV) == []
+    wrong, alike = counterfactual.near_misses(run, KV, modes=("static:scale=0.75",))
+    assert wrong == [] and alike[0].startswith("static:scale=0.75 parts from it at ") and "hit/cold 1.0" in alike[0]
+
+
+def test_a_cell_tells_a_near_miss_apart_with_four_rounds_of_five_past_the_cap_not_three():
+    run = run_of("static")
+    p = counterfactual.differs(run, "static:scale=0.75", KV)[0]
+    run.control.cells[p] = [dataclasses.replace(r, hit_s=1.2) for r in run.control.cells[p]]
+    run.control.cells[p][0] = dataclasses.replace(run.control.cells[p][0], hit_s=1.05)
+    assert p in counterfactual.tells_apart(run, "static:scale=0.75", KV)
+    verdicts = counterfactual.judged_as(run, "static:scale=0.75", KV)
+    assert judge.failures(verdicts) or judge.undecided(verdicts)
+    run.control.cells[p][1] = dataclasses.replace(run.control.cells[p][1], hit_s=1.05)
+    assert p not in counterfactual.tells_apart(run, "static:scale=0.75", KV)
 
 
 def test_near_misses_on_a_frontier_that_can_tell_them_fail():

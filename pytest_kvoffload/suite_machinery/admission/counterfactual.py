@@ -9,6 +9,9 @@ way, must decide every round as the guarded server did."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from pytest_kvoffload.analysis.intervals import median_bound
 from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.rigged.planted_admission import rule as rule_of
 from pytest_kvoffload.suite_machinery.admission import judge
@@ -26,6 +29,33 @@ def differs(run, mode: str, kv_bytes_per_token: int) -> list[int]:
     frontier can tell the two apart (its cells fall either side of where they differ)."""
     theirs, ours = decides(run, mode, kv_bytes_per_token), decides(run, run.mode, kv_bytes_per_token)
     return sorted(p for p in theirs if theirs[p] != ours[p])
+
+
+# A cell tells a near miss apart when this sure that its decision there is past the cap (module's doc).
+TELLS = 0.8
+
+
+def tells_apart(run, mode: str, kv_bytes_per_token: int) -> list[int]:
+    """The frontier prefixes where `mode` decides unlike the rule under test and the control's rounds put
+    `mode`'s decision past the cap (a one-sided TELLS bound on their median: of 5 rounds, 4), so that its
+    rounds there come out wrong (4 of 5 wrong fail a cell or leave it undecided). A cell where the two rules
+    part but the hit is within the cap either way (between 0.9 and 1.1 p*) judges neither wrong: it cannot
+    tell them apart."""
+    theirs, margin, found = decides(run, mode, kv_bytes_per_token), run.tier.get("margin", 0.0), []
+    for p in differs(run, mode, kv_bytes_per_token):
+        ratios = [r.ratio for r in run.control.cells.get(p, []) if r.ratio > 0]
+        bound = median_bound(ratios, upper=not theirs[p], confidence=TELLS) if len(ratios) >= 2 else None
+        if bound is not None and (bound > 1 + judge.CAP if theirs[p] else bound < 1 - margin - judge.CAP):
+            found.append(p)
+    return found
+
+
+def parting(run, mode: str, kv_bytes_per_token: int) -> str:
+    """Where `mode` and the rule under test part on this frontier, and the control's hit/cold there."""
+    cells = [f"{p:,} tokens ({run.multiples[p]:.2f} p*, control hit/cold "
+             f"{float(np.median([r.ratio for r in run.control.cells.get(p, [])] or [np.nan])):.2f})"
+             for p in differs(run, mode, kv_bytes_per_token)]
+    return f"{mode} parts from it at " + ", ".join(cells) if cells else f"{mode} parts from it in no cell"
 
 
 def judged_as(run, mode: str, kv_bytes_per_token: int) -> list[judge.CellVerdict]:
@@ -52,13 +82,13 @@ NEAR_MISSES = ("static:scale=1.3", "static:scale=0.75")
 
 def near_misses(run, kv_bytes_per_token: int, modes=NEAR_MISSES) -> tuple[list[str], list[str]]:
     """(what is wrong: the stand-in unlike the guarded server, or a near miss that would pass; the near misses
-    that decide every frontier cell as the rule under test does, which no frontier verdict can tell apart)."""
+    no frontier cell can tell apart from the rule under test (tells_apart), each with where they part)."""
     wrong = unlike_live(run, kv_bytes_per_token)
-    alike = [m for m in modes if not differs(run, m, kv_bytes_per_token)]
+    alike = [m for m in modes if not tells_apart(run, m, kv_bytes_per_token)]
     for mode in (m for m in modes if m not in alike):
         verdicts = judged_as(run, mode, kv_bytes_per_token)
         if not (judge.failures(verdicts) or judge.undecided(verdicts)):
             wrong.append(f"{mode} would pass: " + "; ".join(v.describe() for v in verdicts))
-    return wrong, alike
+    return wrong, [parting(run, m, kv_bytes_per_token) for m in alike]
 
-__all__ = ["NEAR_MISSES", "decides", "differs", "judged_as", "near_misses", "unlike_live"]
+__all__ = ["NEAR_MISSES", "TELLS", "decides", "differs", "judged_as", "near_misses", "parting", "tells_apart", "unlike_live"]
