@@ -250,7 +250,7 @@ class CellRunner:
     def _expectation(self, cell: Cell, prefix_tokens: int) -> Expectation:
         """What `cell`'s request with a `prefix_tokens` shared prefix must report by source on this backend."""
         settings = self.recorder.settings
-        return expectation(cell, prefix_tokens, settings.block_size, self.backend.tier,
+        return expectation(cell, prefix_tokens, self.backend.kv_block(settings), self.backend.tier,
                            self.backend.granularity(settings), self.backend.last_block_source,
                            self.backend.serves_all_but_last_token)
 

@@ -118,6 +118,9 @@ class Backend:
     # line are; emulated drives, planted rules, fault servers and A/B twins are not. Only user-facing
     # backends are gated from night to night (analysis/run_gate.py): the others are re-derived every run.
     user_facing: bool = True
+    # Its server's KV block size where it differs from the session's --kv-block-size (the admission suite's
+    # servers use finer blocks, to place frontier cells near the break-even); None: the session's.
+    block_size: int | None = None
 
     def unavailable_reason(self) -> str | None:
         if self.needs_cuda and not machine.has_cuda():
@@ -129,8 +132,12 @@ class Backend:
                     f"(make installs it; or --kv-backend-python {self.name}=PATH to a Python that has it)")
         return None
 
+    def kv_block(self, settings: Settings) -> int:
+        """Its server's KV block size in tokens."""
+        return self.block_size or settings.block_size
+
     def granularity(self, settings: Settings) -> int:
-        return self.tier_granularity(settings) if self.tier_granularity else settings.block_size
+        return self.tier_granularity(settings) if self.tier_granularity else self.kv_block(settings)
 
 
 class BackendRegistry:

@@ -36,7 +36,7 @@ def server_launch(backend: Backend, ctx: LaunchContext, port: int) -> Launch:
         "--host", "127.0.0.1",
         "--port", str(port),
         "--skip-tokenizer-init",
-        "--block-size", str(settings.block_size),
+        "--block-size", str(backend.kv_block(settings)),
         "--max-model-len", str(settings.max_model_len),
         "--enable-prompt-tokens-details",
         "--enable-per-request-metrics",
@@ -48,7 +48,7 @@ def server_launch(backend: Backend, ctx: LaunchContext, port: int) -> Launch:
     # The engine's own prefix cache is what every backend sits behind; make it explicit.
     argv += ["--enable-prefix-caching"]
     if settings.engine_tokens is not None:
-        argv += ["--num-gpu-blocks-override", str(-(-settings.engine_tokens // settings.block_size))]
+        argv += ["--num-gpu-blocks-override", str(-(-settings.engine_tokens // backend.kv_block(settings)))]
     if settings.tensor_parallel > 1:
         argv += ["--tensor-parallel-size", str(settings.tensor_parallel)]
     if machine.has_cuda():

@@ -466,3 +466,19 @@ def test_one_process_cpu_servers_get_vllms_uniprocess_executor_and_the_same_thre
     # A user's own executor wins.
     argv, env = command(name, tmp_path, engine="one-process", server_args=("--distributed-executor-backend", "mp"))
     assert argv.count("--distributed-executor-backend") == 1 and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+
+
+def test_a_backend_with_its_own_block_size_serves_and_is_expected_in_those_blocks(tmp_path):
+    # The admission suite's servers use 32-token blocks in a 128-token session (grid_checks.admission_block).
+    from pytest_kvoffload.suite_machinery.admission.grid_checks import admission_block, block_variant
+
+    s = settings(engine_tokens=32_769)
+    assert admission_block(s) == 32 and admission_block(settings(block_size=16)) == 16
+    fine = block_variant(default_registry().get("kvoffload-disk"), "fine", admission_block(s))
+    argv, _ = server_command(fine, LaunchContext(s, tmp_path), 8123)
+    assert argv[argv.index("--block-size") + 1] == "32"
+    assert argv[argv.index("--num-gpu-blocks-override") + 1] == "1025"  # 32,769 / 32, rounded up
+    extra = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+    assert extra["chunk_tokens"] == 32
+    assert fine.kv_block(s) == fine.granularity(s) == 32
+    assert default_registry().get("kvoffload-disk").kv_block(s) == 128

@@ -208,6 +208,16 @@ def test_frontier_cells_round_to_the_nearest_block_so_the_near_cells_stay_near()
     assert 640 in cells and cells[640] == 0.85 and 896 in cells and cells[896] == 1.2
 
 
+@pytest.mark.parametrize("p_star", [630, 697, 711, 744, 800, 1000])
+def test_32_token_blocks_put_a_cell_where_a_rule_wrong_by_13_or_075_parts_from_the_right_one(p_star):
+    # The admission servers' blocks (grid_checks.admission_block): with 128 tokens, p* of 697 to 744 put no
+    # cell in 1.12 to 1.25 p* (CI runs of 76483e5 and 2a19b96); with 32, each window holds one.
+    multiples = [p / p_star for p in frontier_prefixes(p_star, 32)]
+    assert any(0.78 <= m <= 0.9 for m in multiples) and any(1.12 <= m <= 1.25 for m in multiples), multiples
+    coarse = [p / 711 for p in frontier_prefixes(711, BLOCK)]
+    assert not any(1.12 <= m <= 1.25 for m in coarse)
+
+
 def test_p_star_interpolated_from_the_control_ratios():
     assert interpolated_break_even({256: 1.5, 512: 1.1, 768: 0.9, 1024: 0.7}) == pytest.approx(640)
     assert interpolated_break_even({256: 0.9, 512: 0.8}) is None

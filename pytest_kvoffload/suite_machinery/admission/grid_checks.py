@@ -47,6 +47,8 @@ MORE_PROBE_ROUNDS = 3
 # The queue cell: below p*, where a rule crediting the queue wrongly would admit (above p* every rule
 # worth judging admits, and the frontier judges that already).
 QUEUE_MULTIPLES = (0.6,)
+# The finest KV block vLLM's CPU attention takes (admission_block).
+FINE_BLOCK = 32
 
 
 @dataclass
@@ -90,11 +92,19 @@ def measure_round(recorder: Recorder, backend: Backend, endpoint, prefix: int, r
         declined=bool(result.connector.get("kvoffload:loads_declined_total"))))
 
 
+def admission_block(settings) -> int:
+    """The admission servers' KV block: the frontier's unit. vLLM's CPU attention takes any multiple of 32
+    tokens (vllm/v1/attention/backends/cpu_attn.py), so 32 where the session's blocks are larger: 128-token
+    units put no cell between 0.9 and 1.25 p* with p* near 700 tokens (docs/admission.md)."""
+    return min(FINE_BLOCK, settings.block_size)
+
+
 def block_variant(backend: Backend, suffix: str, block: int, **options) -> Backend:
-    """A variant writing one KV block a chunk file. The connector matches block by block at any chunk size,
-    but a prefix ending inside a larger file reads that file whole: with one block a file, every frontier
-    prefix reads exactly its own bytes."""
-    return with_connector_options(backend, suffix, chunk_tokens=block, **options)
+    """A variant with KV blocks of `block` tokens, writing one block a chunk file. The connector matches
+    block by block at any chunk size, but a prefix ending inside a larger file reads that file whole: with
+    one block a file, every frontier prefix reads exactly its own bytes."""
+    variant = with_connector_options(backend, suffix, chunk_tokens=block, **options)
+    return dataclasses.replace(variant, block_size=block)
 
 
 def grid_figures(r: Round) -> tuple[bool, float, float]:
@@ -180,7 +190,7 @@ def calibrate(recorder: Recorder, servers: Servers, slow: Backend, target: int, 
               tier_name: str) -> tuple[Frontier, float, dict, dict]:
     """The control's calibration pass: its frontier around the target, the measured p*, the calibration."""
     settings = recorder.settings
-    block = settings.block_size
+    block = slow.kv_block(settings)
     endpoint = servers.endpoint(slow)
     placed = frontier_prefixes(target, block, FRONTIER)
     recorder.progress(f"admission: calibration pass on {slow.name} at {', '.join(map(str, placed))} tokens")
@@ -232,7 +242,7 @@ def run_admission(recorder: Recorder, servers: Servers, backend: Backend, mode: 
 
 def judged_run(recorder: Recorder, servers: Servers, backend: Backend, mode: str, rounds: int) -> AdmissionRun:
     settings = recorder.settings
-    block, kv_bytes = settings.block_size, settings.kv_bytes_per_token
+    block, kv_bytes = admission_block(settings), settings.kv_bytes_per_token
     drive, target, probe = probe_drive(recorder, servers, backend, judge.CAP)
     step = step_tokens(recorder.lengths(), block)
     budget = ("--max-num-batched-tokens", str(step))
@@ -241,6 +251,7 @@ def judged_run(recorder: Recorder, servers: Servers, backend: Backend, mode: str
                                                                         backend.tier)
     calibration["tiers"] = {backend.name: calibration["tiers"].pop(slow.name)}
     calibration["connector_tier"] = backend.name
+    calibration["fingerprint"]["block_size"] = block  # the servers that measured it and read it (admission_block)
     path = recorder.run_dir() / "admission-calibration.json"
     write_calibration(path, calibration)
     guarded_backend = block_variant(backend, "admission", block, server_args=budget, calibration=str(path),

@@ -60,11 +60,11 @@ def run_bursts(recorder: Recorder, backend, endpoint, lengths, fractions, step: 
     whenever it declines."""
     settings = recorder.settings
     granularity = backend.granularity(settings)
-    background = background_length(step, settings.max_model_len, settings.block_size)
+    background = background_length(step, settings.max_model_len, backend.kv_block(settings))
     cells: dict = {}
     # Cells whose shared prefix is shorter than one stored chunk load nothing: left out.
     measured = [(length, fraction, expected) for length in lengths for fraction in fractions
-                if (expected := expected_cached(prefix_length(length, fraction), length, settings.block_size,
+                if (expected := expected_cached(prefix_length(length, fraction), length, backend.kv_block(settings),
                                                 granularity))]
     tracker = Tracker(recorder.progress, f"queue bursts on {backend.name}", rounds * len(measured),
                       "cells x rounds", total_work=rounds * sum(length for length, _, _ in measured))
