@@ -31,6 +31,11 @@ def differs(run, mode: str, kv_bytes_per_token: int) -> list[int]:
     return sorted(p for p in theirs if theirs[p] != ours[p])
 
 
+def _control_ratios(run, prefix: int) -> list[float]:
+    """The control's hit/cold ratios of one frontier cell, a round each (rounds that measured nothing left out)."""
+    return [r.ratio for r in run.control.cells.get(prefix, []) if r.ratio > 0]
+
+
 # A cell tells a near miss apart when this sure that its decision there is past the cap (module's doc).
 TELLS = 0.8
 
@@ -43,7 +48,7 @@ def tells_apart(run, mode: str, kv_bytes_per_token: int) -> list[int]:
     tell them apart."""
     theirs, margin, found = decides(run, mode, kv_bytes_per_token), run.tier.get("margin", 0.0), []
     for p in differs(run, mode, kv_bytes_per_token):
-        ratios = [r.ratio for r in run.control.cells.get(p, []) if r.ratio > 0]
+        ratios = _control_ratios(run, p)
         bound = median_bound(ratios, upper=not theirs[p], confidence=TELLS) if len(ratios) >= 2 else None
         if bound is not None and (bound > 1 + judge.CAP if theirs[p] else bound < 1 - margin - judge.CAP):
             found.append(p)
@@ -53,7 +58,7 @@ def tells_apart(run, mode: str, kv_bytes_per_token: int) -> list[int]:
 def parting(run, mode: str, kv_bytes_per_token: int) -> str:
     """Where `mode` and the rule under test part on this frontier, and the control's hit/cold there."""
     cells = [f"{p:,} tokens ({run.multiples[p]:.2f} p*, control hit/cold "
-             f"{float(np.median([r.ratio for r in run.control.cells.get(p, [])] or [np.nan])):.2f})"
+             f"{float(np.median(_control_ratios(run, p) or [np.nan])):.2f})"
              for p in differs(run, mode, kv_bytes_per_token)]
     return f"{mode} parts from it at " + ", ".join(cells) if cells else f"{mode} parts from it in no cell"
 
@@ -90,5 +95,6 @@ def near_misses(run, kv_bytes_per_token: int, modes=NEAR_MISSES) -> tuple[list[s
         if not (judge.failures(verdicts) or judge.undecided(verdicts)):
             wrong.append(f"{mode} would pass: " + "; ".join(v.describe() for v in verdicts))
     return wrong, [parting(run, m, kv_bytes_per_token) for m in alike]
+
 
 __all__ = ["NEAR_MISSES", "TELLS", "decides", "differs", "judged_as", "near_misses", "parting", "tells_apart", "unlike_live"]

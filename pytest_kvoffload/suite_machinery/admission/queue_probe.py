@@ -59,13 +59,12 @@ def run_bursts(recorder: Recorder, backend, endpoint, lengths, fractions, step: 
     prompt two steps long. A declined load is recomputed, so the cold probe is what the static rule does
     whenever it declines."""
     settings = recorder.settings
-    granularity = backend.granularity(settings)
-    background = background_length(step, settings.max_model_len, backend.kv_block(settings))
+    granularity, block = backend.granularity(settings), backend.kv_block(settings)
+    background = background_length(step, settings.max_model_len, block)
     cells: dict = {}
     # Cells whose shared prefix is shorter than one stored chunk load nothing: left out.
     measured = [(length, fraction, expected) for length in lengths for fraction in fractions
-                if (expected := expected_cached(prefix_length(length, fraction), length, backend.kv_block(settings),
-                                                granularity))]
+                if (expected := expected_cached(prefix_length(length, fraction), length, block, granularity))]
     tracker = Tracker(recorder.progress, f"queue bursts on {backend.name}", rounds * len(measured),
                       "cells x rounds", total_work=rounds * sum(length for length, _, _ in measured))
     for r in range(first_round, first_round + rounds):
