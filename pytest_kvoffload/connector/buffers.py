@@ -37,6 +37,34 @@ class BusyTime:
         return (end - start) - covered
 
 
+class SaveBatches:
+    """Each step's saves, timed once all its writes are done: the histogram gets a batch's wall time (submission
+    to last write), save_wall_seconds the union of the batches' intervals (a step's saves often start while the
+    previous step's still write: summing both walls would count the shared time twice)."""
+
+    def __init__(self, counters) -> None:
+        self.counters = counters
+        self._busy = BusyTime()
+        self._batches: list[tuple[float, list]] = []  # (submitted, futures of (written, ended, bytes))
+
+    def add(self, started: float, batch: list) -> None:
+        self._batches.append((started, batch))
+
+    def time_finished(self) -> None:
+        pending = []
+        for started, batch in self._batches:
+            if not all(f.done() for f in batch):
+                pending.append((started, batch))
+                continue
+            ended = max((f.result()[1] for f in batch if f.exception() is None), default=started)
+            self.counters.add("save_wall_seconds", self._busy.add(started, ended))
+            written = sum(f.result()[2] for f in batch if f.exception() is None and f.result()[0])
+            if written:
+                self.counters.observe("save_duration_seconds", ended - started)
+                self.counters.observe("save_size_bytes", written)
+        self._batches = pending
+
+
 class GatheredBuffers:
     """Chunk buffers gathered in the step and not yet written: at most `limit` out at once (take() returns
     None past it), and those given back kept for reuse (a fresh buffer costs page faults)."""

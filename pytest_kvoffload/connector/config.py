@@ -93,7 +93,7 @@ def _threads(extra: dict) -> tuple[int, int, str, str]:
 # Every kv_connector_extra_config key the connector reads.
 OPTIONS = frozenset({"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io",
                      "calibration", "calibration_mismatch", "load_mode", "admission", "io_slice_us", "idle_wait_ms", "load_threads", "load_cpus", "save_cpus", "huge_pages",
-                     "load_io"})
+                     "load_io", "read_ahead_mb"})
 
 # How long an idle step's worker waits for a load in flight past its expected end (idle_wait_ms; idle_wait.py).
 # Shorter only costs one empty step a wait.
@@ -136,6 +136,9 @@ class ConnectorConfig:
     # sync: the step that computes the request loads first (no extra scheduler round trips).
     load_mode: str = "async"
     admission: str = "queue"  # static | online | queue (need `calibration`) | always | never: admission_rule.py
+    # Staging memory for reads of queued requests' chunks, started on arrival (read_ahead.py); 0: loads start
+    # when the scheduler first considers the request.
+    read_ahead_bytes: int = 0
 
     @classmethod
     def from_extra(cls, extra: dict, block_size: int) -> "ConnectorConfig":
@@ -190,6 +193,9 @@ class ConnectorConfig:
         if load_io not in ("aio", "threads"):
             raise ConnectorConfigError(f"kvoffload connector: load_io {load_io!r} must be 'aio' (native AIO, one "
                                        f"thread) or 'threads' (load_threads threads)")
+        read_ahead_mb = _number(extra, "read_ahead_mb", float, 0.0, "a number of MB")
+        if read_ahead_mb < 0:
+            raise ConnectorConfigError(f"kvoffload connector: read_ahead_mb {read_ahead_mb} must be 0 (off) or more")
         direct = _switch(extra, "direct_io", True)
         huge_pages = _switch(extra, "huge_pages", True)
         return cls(
@@ -209,4 +215,5 @@ class ConnectorConfig:
             calibration_mismatch=mismatch,
             load_mode=load_mode,
             admission=admission,
+            read_ahead_bytes=int(read_ahead_mb * 1e6),
         )

@@ -197,6 +197,9 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
             self._worker.shutdown()
 
     # -- scheduler side -------------------------------------------------------------------------------
+    def on_new_request(self, request) -> None:  # vLLM 0.32 on; an older vLLM never calls it
+        self._scheduler.on_new_request(request)
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
 

@@ -50,6 +50,9 @@ COUNTERS = {
     "lookups_deferred": "requests told to wait while another request loaded the same chunks (read once, not twice)",
     "loads_admitted_queued": "prefix loads admitted only because they finish while the request would queue anyway",
     "prompt_tokens_computed": "prompt tokens the engine computed itself (a fully loaded prompt: its last token)",
+    "read_ahead_chunks_read": "chunks read ahead for queued requests (read_ahead_mb: read_ahead.py)",
+    "read_ahead_chunks_used": "chunks read ahead that their request's load took from staging memory",
+    "read_ahead_chunks_skipped": "chunks not read ahead: staging memory (read_ahead_mb) full",
     "chunks_superseded": "chunk files removed once a newer file held all their blocks (a prompt's short last chunk)",
 }
 FLAGS = {"direct_io": "1 when the store uses O_DIRECT, 0 when buffered with cached pages dropped",
@@ -71,6 +74,8 @@ HISTOGRAMS = {
     "load_size_bytes": ("bytes one request's load read", BYTES_BUCKETS),
     "save_duration_seconds": ("wall seconds of one step's saves, from submission to the last write", SECONDS_BUCKETS),
     "save_size_bytes": ("bytes one step's saves wrote", BYTES_BUCKETS),
+    "read_ahead_issue_seconds": ("seconds from a queued request's arrival to its first read ahead (read_ahead_mb)",
+                                 SECONDS_BUCKETS),
 }
 
 

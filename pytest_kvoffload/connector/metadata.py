@@ -35,6 +35,16 @@ class SaveJob:
 
 
 @dataclass
+class ReadAheadJob:
+    """Chunk files to read ahead for a request still queued (read_ahead_mb: read_ahead.py), as (file key, blocks
+    the file holds); `arrived` its arrival (time.time()), from which the first read's delay is counted."""
+
+    req_id: str
+    chunks: list[tuple[str, int]]
+    arrived: float = 0.0
+
+
+@dataclass
 class KVOffloadMetadata(KVConnectorMetadata):
     loads: list[LoadJob] = field(default_factory=list)
     saves: list[SaveJob] = field(default_factory=list)
@@ -45,6 +55,9 @@ class KVOffloadMetadata(KVConnectorMetadata):
     # No token is computed this step (vLLM still runs it, to poll the connector): the worker may wait for a
     # load in flight instead of returning at once (worker.WorkerSide.get_finished).
     idle: bool = False
+    # Reads ahead for queued requests, and the requests whose read-ahead no load will take (read_ahead.py).
+    read_aheads: list[ReadAheadJob] = field(default_factory=list)
+    drops: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -8,13 +8,14 @@ Runs in the engine-core process. Prefixes are matched block by block and saved a
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from pytest_kvoffload.connector.config import ConnectorConfig
 from pytest_kvoffload.connector.hashing import block_keys, request_key_root
 from pytest_kvoffload.connector.index import ChunkIndex
-from pytest_kvoffload.connector.metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, SaveJob
+from pytest_kvoffload.connector.metadata import ChunkBlocks, KVOffloadMetadata, LoadJob, ReadAheadJob, SaveJob
 
 log = logging.getLogger("pytest_kvoffload.connector")
 
@@ -68,6 +69,9 @@ class SchedulerSide:
         # still there would otherwise be matched and fail forever.
         self._attempted: set[str] = set()
         self._deferred: set[str] = set()  # requests told to wait for another's load (counted once)
+        self._read_aheads: list[ReadAheadJob] = []  # for the next step's metadata (on_new_request)
+        self._staged: set[str] = set()  # requests read ahead whose staging no load has taken yet
+        self._drops: list[str] = []
 
     def _keys_for(self, request) -> list[str]:
         """The request's block keys, made at its first lookup (vLLM looks every request up before it is
@@ -121,6 +125,20 @@ class SchedulerSide:
         self._lookups[request.request_id] = num_computed_tokens
         return matched - num_computed_tokens, self.config.load_mode == "async"
 
+    def on_new_request(self, request) -> None:
+        """With read_ahead_mb: on arrival, a stored prefix the admission rule loads (it decides now, once) is
+        read into the worker's staging memory while the request queues (read_ahead.py); its load takes it
+        from there. Asynchronous loads only: a synchronous one reads in the step that computes the request."""
+        if not self.config.read_ahead_bytes or self.config.load_mode != "async":
+            return
+        req_id, keys, prompt = request.request_id, self._keys_for(request), len(request.prompt_token_ids or [])
+        matched = min(self.index.lookup(keys) * self.block_size, self._loadable(prompt))
+        if matched <= 0 or (self.admit is not None and not self._admitted(req_id, matched, prompt, 0)):
+            return
+        files = self.index.locate(keys[:matched // self.block_size])
+        self._read_aheads.append(ReadAheadJob(req_id, [(file, count) for file, count, _ in files], time.time()))
+        self._staged.add(req_id)
+
     def _loadable(self, prompt_tokens: int) -> int:
         """Tokens a load may cover. The whole prompt where loads are asynchronous: once the load is in,
         vLLM takes the prompt as computed but for its last token, which it computes to sample from
@@ -135,6 +153,7 @@ class SchedulerSide:
             return
         req_id = request.request_id
         self._attempted.add(req_id)
+        self._staged.discard(req_id)  # the worker frees what this load does not take
         if self.config.load_mode == "async":
             self._loading[req_id] = num_external_tokens  # until the worker reports it in finished_recving
         start = self._lookups.pop(req_id, 0)
@@ -146,9 +165,11 @@ class SchedulerSide:
         self._loads.append(LoadJob(req_id, chunks, sync=self.config.load_mode == "sync"))
 
     def build_connector_meta(self, scheduler_output) -> KVOffloadMetadata:
-        meta = KVOffloadMetadata(loads=self._loads)
-        self._loads = []
+        meta = KVOffloadMetadata(loads=self._loads, read_aheads=self._read_aheads)
+        self._loads, self._read_aheads = [], []
         for new in scheduler_output.scheduled_new_reqs:
+            if new.req_id in self._staged and new.req_id not in self._attempted:
+                self._drop_staged(new.req_id)  # computed without a load: its staging is not wanted
             prompt = list(new.prompt_token_ids or [])
             # Keys come from the request's lookup; one never looked up is not saved.
             tracked = _Tracked(prompt, self._keys.get(new.req_id, []), list(new.block_ids[0]))
@@ -174,7 +195,12 @@ class SchedulerSide:
         # Stores announced above may have evicted chunks: their deletions travel in this same step.
         meta.clear, meta.deletes = self.index.take_deletions()
         meta.idle = not any(scheduler_output.num_scheduled_tokens.values())
+        meta.drops, self._drops = self._drops, []
         return meta
+
+    def _drop_staged(self, req_id: str) -> None:
+        self._staged.discard(req_id)
+        self._drops.append(req_id)
 
     def _count_computed(self, tracked: _Tracked, before: int, after: int) -> None:
         """Prompt tokens the engine computes itself (kvoffload:prompt_tokens_computed): vLLM's own counters
@@ -209,6 +235,8 @@ class SchedulerSide:
         self._loading.pop(req_id, None)
         self._decisions.pop(req_id, None)
         self._deferred.discard(req_id)
+        if req_id in self._staged:  # finished or aborted before a load took its staging
+            self._drop_staged(req_id)
         tracked = self._tracked.pop(req_id, None)
         # True keeps the blocks alive until the worker reports the saves done (get_finished).
         return bool(tracked and tracked.has_saves), None

@@ -26,12 +26,13 @@ import torch
 
 from pytest_kvoffload.connector.aio_loads import AioLoads, available as aio_available
 from pytest_kvoffload.connector.blocks import copy_runs, stacked_layers
-from pytest_kvoffload.connector.buffers import BusyTime, GatheredBuffers, pinned_buffer
+from pytest_kvoffload.connector.buffers import BusyTime, GatheredBuffers, SaveBatches, pinned_buffer
 from pytest_kvoffload.connector.config import ConnectorConfig
 from pytest_kvoffload.connector.metadata import KVOffloadMetadata, KVOffloadWorkerMeta, LoadJob, SaveJob
 from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.connector.idle_wait import IdleWait
 from pytest_kvoffload.connector.io_threads import ReadSlots, start_io_thread
+from pytest_kvoffload.connector.read_ahead import ReadAhead
 from pytest_kvoffload.connector.chunk_format import HEADER_SIZE, Layout
 from pytest_kvoffload.connector.store import ChunkStore
 
@@ -64,15 +65,12 @@ class WorkerSide:
         self.save_pool = self._io_pool(SAVE_THREADS, config.io_threads)
         self._loads: dict[str, tuple[LoadJob, list[Future], float]] = {}
         self._saves: dict[str, list[Future]] = {}
-        self._save_batches: list[tuple[float, list[Future]]] = []
-        # Wall time with saves (loads) in flight, each instant counted once (BusyTime).
-        self._saves_busy = BusyTime()
-        self._loads_busy = BusyTime()
+        self._save_batches = SaveBatches(self.counters)  # each step's saves, timed (their wall once)
+        self._loads_busy = BusyTime()  # wall time with loads in flight, each instant counted once
         self._idle_wait = IdleWait(config.idle_wait_s, self.read_delay_s)  # how long an idle step waits
         self._report_lock = threading.Lock()  # I/O threads append to the report below
         self._report = KVOffloadWorkerMeta()
-        # One chunk buffer per I/O thread, reused: a fresh 4 KiB-aligned buffer per chunk costs page faults.
-        self._local = threading.local()
+        self._local = threading.local()  # a chunk buffer per I/O thread, reused: fresh ones cost page faults
         self.step_buffers: GatheredBuffers | None = None  # the CPU build's in-step gathers (register_kv_caches)
         self._finished: set[str] = set()
         self._failed_blocks: set[int] = set()
@@ -80,6 +78,7 @@ class WorkerSide:
         self.device = None
         self._aio: AioLoads | None = None  # the CPU build's loads with load_io=aio (register_kv_caches)
         self._aio_pool: ThreadPoolExecutor | None = None
+        self.read_ahead: ReadAhead | None = None  # queued requests' reads (read_ahead_mb; register_kv_caches)
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.layers = list(kv_caches.values())
@@ -108,6 +107,9 @@ class WorkerSide:
             else:
                 log.warning("kvoffload: load_io aio: this kernel has no native AIO; loads run on threads")
         self.counters.set("loads_on_aio", 1.0 if self._aio is not None else 0.0)
+        if self.config.read_ahead_bytes:  # threads of its own: a load's thread waits on a read ahead's
+            self.read_ahead = ReadAhead(self.store, self._io_pool(LOAD_THREADS, self.config.io_threads),
+                                        self.config.read_ahead_bytes, self.counters, self._read_slots)
         log.info("kvoffload: %d layers, block shape %s %s, %d blocks (%d bytes) per chunk file, store %s (%s, "
                  "buffers on %s pages)%s", len(self.layers), self.block_shape, self.dtype, per_chunk,
                  self.layout.file_bytes, self.store_root, "O_DIRECT" if self.store.direct_io else "buffered",
@@ -126,17 +128,14 @@ class WorkerSide:
     # -- per-step entry points --
     def start_load_kv(self, meta: KVOffloadMetadata) -> None:
         self._delete(meta)
+        if self.read_ahead is not None:
+            self.read_ahead.step(meta, time.perf_counter() + self.read_delay_s)
         sync = []
         for job in meta.loads:
             # Chunks are read in parallel, none before read_delay_s; the request is released when all are in. The
             # load is timed from its hand-over, as the drive's reference times its requests (drive/probe.py).
             started = time.perf_counter()
-            not_before = started + self.read_delay_s
-            if self._aio is not None:
-                futures = [Future() for _ in job.chunks]
-                self._aio_pool.submit(self._aio.load, job.chunks, futures, self._scatter_for, not_before)
-            else:
-                futures = [self.load_pool.submit(self._load_chunk, chunk, not_before) for chunk in job.chunks]
+            futures = self._read_chunks(job, started + self.read_delay_s)
             if job.sync:
                 sync.append((job, futures, started))
             else:
@@ -147,6 +146,21 @@ class WorkerSide:
             # This step's forward reads these blocks: wait, and report failures in this same step.
             wait(futures)
             self._collect(job, futures, started)
+
+    def _read_chunks(self, job: LoadJob, not_before: float) -> list[Future]:
+        """A future of (ok, when it finished) per chunk of `job`: scattered from its read ahead where it has one
+        (read_ahead.py), else read on AIO or the load threads."""
+        futures = (self.read_ahead.serve(job, self.load_pool, self._blocks_in, self._scatter_for,
+                                         lambda chunk: self._load_chunk(chunk, not_before))
+                   if self.read_ahead else [None] * len(job.chunks))
+        rest = [c for c, f in zip(job.chunks, futures) if f is None]
+        if self._aio is not None and rest:
+            read = [Future() for _ in rest]
+            self._aio_pool.submit(self._aio.load, rest, read, self._scatter_for, not_before)
+        else:
+            read = [self.load_pool.submit(self._load_chunk, chunk, not_before) for chunk in rest]
+        it = iter(read)
+        return [f if f is not None else next(it) for f in futures]
 
     def _delete(self, meta: KVOffloadMetadata) -> None:
         """Carry out the index's deletions before this step's loads and saves (which may reuse a key)."""
@@ -176,7 +190,7 @@ class WorkerSide:
             self._saves.setdefault(job.req_id, []).append(future)
             batch.append(future)
         # Write bandwidth is timed per step's batch: a request's saves span its prefill steps.
-        self._save_batches.append((started, batch))
+        self._save_batches.add(started, batch)
         self._hand_over()
 
     def _hand_over(self) -> None:
@@ -210,26 +224,8 @@ class WorkerSide:
                     log.warning("kvoffload: save for %s failed: %r", req_id, f.exception())
             self._finished.discard(req_id)
             sent.add(req_id)
-        self._time_save_batches()
+        self._save_batches.time_finished()
         return sent or None, received or None
-
-    def _time_save_batches(self) -> None:
-        """Time each finished step's saves: the histogram gets each batch's wall time (submission to last
-        write), save_wall_seconds the union of the batches' intervals (a step's saves often start while the
-        previous step's still write: summing both walls would count the shared time twice)."""
-        pending = []
-        for started, batch in self._save_batches:
-            if not all(f.done() for f in batch):
-                pending.append((started, batch))
-                continue
-            ends = [f.result()[1] for f in batch if f.exception() is None]
-            ended = max(ends, default=started)
-            self.counters.add("save_wall_seconds", self._saves_busy.add(started, ended))
-            written = sum(f.result()[2] for f in batch if f.exception() is None and f.result()[0])
-            if written:
-                self.counters.observe("save_duration_seconds", ended - started)
-                self.counters.observe("save_size_bytes", written)
-        self._save_batches = pending
 
     def _collect(self, job, futures, started: float) -> None:
         """Record a finished load: failed blocks for vLLM to recompute, and its wall time."""
@@ -260,7 +256,10 @@ class WorkerSide:
             self.counters.observe("load_size_bytes", moved)
 
     def _chunk_bytes(self, chunk) -> int:
-        return self.layout.file_bytes_for(chunk.count or self.layout.blocks)
+        return self.layout.file_bytes_for(self._blocks_in(chunk))
+
+    def _blocks_in(self, chunk) -> int:  # the blocks its file holds
+        return chunk.count or self.layout.blocks
 
     def worker_meta(self) -> KVOffloadWorkerMeta | None:
         """What happened since the last step, for the index and the online bandwidth estimate."""
@@ -305,8 +304,7 @@ class WorkerSide:
         delay = not_before - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        buffer = self._buffer()
-        count = chunk.count or self.layout.blocks
+        buffer, count = self._buffer(), self._blocks_in(chunk)
         ok = self.store.read(chunk.key, buffer, count, used=len(chunk.blocks), io_slot=self._read_slots,
                              use=self._scatter_for(chunk, buffer, count))
         return ok, time.perf_counter()
@@ -392,6 +390,8 @@ class WorkerSide:
         if self._aio is not None:
             self._aio_pool.shutdown(wait=True, cancel_futures=False)
             self._aio.close()
+        if self.read_ahead is not None:
+            self.read_ahead.shutdown()
         self.save_pool.shutdown(wait=True, cancel_futures=False)
         if self.store is not None:
             self.store.drop_free()

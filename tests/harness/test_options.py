@@ -168,6 +168,7 @@ BAD_DISK_OPTS = {
     "load_threads": ("1", "load_threads 1 must be at least io_threads (2): that many read at once"),
     "direct_io": ("maybe", "direct_io 'maybe' must be true or false"),
     "huge_pages": ("some", "huge_pages 'some' must be true or false"),
+    "read_ahead_mb": ("-1", "read_ahead_mb -1.0 must be 0 (off) or more"),
     "read_gbps": ("fast", "read_gbps 'fast' must be a number of GB/s"),
     "read_latency_ms": ("-5", "read_latency_ms -5 must be a number of milliseconds, 0 or more"),
     "calibration": ("/no/such.json", "calibration /no/such.json: no such file"),
