@@ -9,8 +9,9 @@ import pytest
 
 from pytest_kvoffload.core.costs import RecomputeFit
 from pytest_kvoffload.suite_machinery.admission import counterfactual, judge
-from pytest_kvoffload.suite_machinery.admission.derived_drive import (FRONTIER, frontier_drive, frontier_prefixes,
-                                                                      ratio)
+from pytest_kvoffload.suite_machinery.admission.derived_drive import (FRONTIER, FRONTIER_FAR, NEAR_WINDOWS,
+                                                                      frontier_drive, frontier_prefixes, ratio,
+                                                                      telling_multiples)
 from pytest_kvoffload.suite_machinery.admission.grid_checks import Frontier, Round
 
 KV = 4096
@@ -20,19 +21,21 @@ BLOCK = 128
 TARGET = 640
 
 
-def run_of(mode="static", n=5, jitter=0.03, guarded_mode=None):
+def run_of(mode="static", n=5, jitter=0.03, guarded_mode=None, recompute=RECOMPUTE, block=BLOCK, placed=False):
     """An admission run's frontier: the control's rounds at each cell's true ratio with +-jitter, the guarded
-    server's decisions those of `guarded_mode` (default `mode`)."""
-    drive = frontier_drive(TARGET, RECOMPUTE, 0.025, SPT, judge.CAP)
+    server's decisions those of `guarded_mode` (default `mode`); `placed`: its two cells nearest p* where the
+    near misses part (telling_multiples, as the suite places them), else at FRONTIER's 0.85 and 1.2."""
+    drive = frontier_drive(TARGET, recompute, 0.025, SPT, judge.CAP)
     fixed = 0.025 + drive.latency_s
-    tier = {"recompute": {"a": RECOMPUTE.a, "b": RECOMPUTE.b, "c": RECOMPUTE.c}, "bandwidth_gbps": KV / SPT / 1e9,
+    tier = {"recompute": {"a": recompute.a, "b": recompute.b, "c": recompute.c}, "bandwidth_gbps": KV / SPT / 1e9,
             "fixed_s": fixed, "margin": 0.02}
-    multiples = {p: p / TARGET for p in frontier_prefixes(TARGET, BLOCK, FRONTIER)}
+    near = telling_multiples(TARGET, recompute, fixed, SPT, 0.02, judge.CAP, counterfactual.NEAR_MISS_SCALES)
+    multiples = {p: p / TARGET for p in frontier_prefixes(TARGET, block, FRONTIER_FAR + near if placed else FRONTIER)}
     control, guarded = Frontier("control"), Frontier("guarded")
     run = SimpleNamespace(tier=tier, multiples=multiples, control=control, guarded=guarded, mode=mode)
     admits = counterfactual.decides(run, guarded_mode or mode, KV)
     for p in multiples:
-        true = ratio(p, RECOMPUTE, fixed, SPT)
+        true = ratio(p, recompute, fixed, SPT)
         noise = [1 + jitter * ((i * 7) % 5 - 2) / 2 for i in range(n)]
         control.cells[p] = [Round(true * e, 1.0, p, True, False) for e in noise]
         guarded.cells[p] = [Round(true * e if admits[p] else e, 1.0, p if admits[p] else 0, admits[p], not admits[p])
@@ -93,3 +96,26 @@ def test_a_cell_tells_a_near_miss_apart_with_four_rounds_of_five_past_the_cap_no
 def test_near_misses_on_a_frontier_that_can_tell_them_fail():
     wrong, alike = counterfactual.near_misses(run_of("static"), KV)
     assert wrong == [] and alike == []
+
+
+# A steeper curve, as the 2-core EPYC's float32 engine measured on 2026-12-07 (hit/cold 0.76 at 1.19 p*): there a
+# rule wrong by 1.3x decides every fixed cell as the right one does (the live suite then passed with it).
+STEEP = RecomputeFit(0.002, 1.0e-4, 2e-7)
+
+
+def test_on_a_steep_curve_fixed_cells_cannot_tell_the_near_misses_apart():
+    run = run_of("static", recompute=STEEP, block=32)
+    assert counterfactual.tells_apart(run, "static:scale=1.3", KV) == []  # the control: what placing fixes
+
+
+@pytest.mark.parametrize("recompute", [RECOMPUTE, STEEP], ids=["flat", "steep"])
+def test_cells_placed_where_the_near_misses_part_tell_both_apart_and_they_fail(recompute):
+    run = run_of("static", recompute=recompute, block=32, placed=True)
+    near = sorted(m for m in run.multiples.values() if 0.75 < m < 1.3)
+    assert len(near) == 2 and all(lo - 0.03 <= m <= hi + 0.03 for m, (lo, hi) in zip(near, NEAR_WINDOWS))
+    assert counterfactual.unlike_live(run, KV) == []
+    assert judge.failures(counterfactual.judged_as(run, "static", KV)) == []  # the right rule still passes
+    for mode in counterfactual.NEAR_MISSES:
+        assert counterfactual.tells_apart(run, mode, KV), mode
+        verdicts = counterfactual.judged_as(run, mode, KV)
+        assert judge.failures(verdicts) or judge.undecided(verdicts), mode

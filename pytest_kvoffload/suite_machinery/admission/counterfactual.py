@@ -81,8 +81,10 @@ def unlike_live(run, kv_bytes_per_token: int) -> list[str]:
             and any(r.admitted != admits[p] for r in rounds)]
 
 
-# The near misses make test judges on every admission run: a rule 1.3x too cautious and one 0.75x too eager.
-NEAR_MISSES = ("static:scale=1.3", "static:scale=0.75")
+# The near misses make test judges on every admission run: a rule 1.3x too cautious and one 0.75x too eager; the
+# frontier places a cell for each where it parts from the right rule (derived_drive.telling_multiples).
+NEAR_MISS_SCALES = (1.3, 0.75)
+NEAR_MISSES = tuple(f"static:scale={scale}" for scale in NEAR_MISS_SCALES)
 
 
 def near_misses(run, kv_bytes_per_token: int, modes=NEAR_MISSES) -> tuple[list[str], list[str]]:
@@ -97,4 +99,4 @@ def near_misses(run, kv_bytes_per_token: int, modes=NEAR_MISSES) -> tuple[list[s
     return wrong, [parting(run, m, kv_bytes_per_token) for m in alike]
 
 
-__all__ = ["NEAR_MISSES", "TELLS", "decides", "differs", "judged_as", "near_misses", "parting", "tells_apart", "unlike_live"]
+__all__ = ["NEAR_MISSES", "NEAR_MISS_SCALES", "TELLS", "decides", "differs", "judged_as", "near_misses", "parting", "tells_apart", "unlike_live"]

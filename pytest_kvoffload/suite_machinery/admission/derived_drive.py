@@ -27,10 +27,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from scipy.optimize import brentq
+
 from pytest_kvoffload.core.costs import RecomputeFit, TierFit, break_even_prefix, load_and_recompute
 
-# Multiples of p* the frontier cells sit at: close in on both sides, and one far on each.
+# Multiples of p* the frontier cells sit at: close in on both sides, and one far on each. The judged frontier
+# places its two nearest cells where the near misses part from the rule (telling_multiples) instead of 0.85 and 1.2.
 FRONTIER = (0.5, 0.7, 0.85, 1.2, 1.4, 2.0)
+FRONTIER_FAR = (0.5, 0.7, 1.4, 2.0)
+# Where those two may sit, in multiples of p* (the verdicts issue's windows): between 0.9 and 1.1 p* a hit is
+# within the cap either way, so nothing there can be judged wrong.
+NEAR_WINDOWS = ((0.78, 0.9), (1.12, 1.25))
 # A wrong decision at 0.7 p* or 1.4 p* must cost at least this many times the suite's cap.
 VISIBLE = 2.0
 
@@ -61,6 +68,27 @@ def ratio(p: float, recompute: RecomputeFit, fixed_s: float, seconds_per_token: 
     load, saved = load_and_recompute(p, 0, recompute, fixed_s, seconds_per_token)
     base = recompute(1)
     return (base + load) / (base + saved)
+
+
+def telling_multiples(p_star: float, recompute: RecomputeFit, fixed_s: float, seconds_per_token: float,
+                      margin: float, cap: float, scales) -> tuple[float, ...]:
+    """Multiples of `p_star` for the frontier's cells nearest it, one per near miss in `scales` (a rule whose
+    predicted load is `scale` times the right one's): where the calibrated model predicts the geometric middle
+    of the hit/cold ratios at which that rule decides unlike the right one and wrongly past the cap (0.75x
+    admits hits 1 + cap to (1 - margin) / 0.75 times slower; 1.3x declines loads that pay (1 - margin) / 1.3
+    to 1 - margin - cap), kept in NEAR_WINDOWS. A fixed 1.2 p* put the cell at a predicted 0.76, where a rule
+    wrong by 1.3x admits as the right one does (notes/2026-12-07-admission-blocks.md)."""
+    out = []
+    for scale in scales:
+        lo, hi = NEAR_WINDOWS[scale > 1]
+        ends = (1 + cap, (1 - margin) / scale) if scale < 1 else ((1 - margin) / scale, 1 - margin - cap)
+        target = math.sqrt(ends[0] * ends[1])
+
+        def off(k: float) -> float:  # falls as the prefix grows
+            return ratio(k * p_star, recompute, fixed_s, seconds_per_token) - target
+
+        out.append(lo if off(lo) <= 0 else hi if off(hi) >= 0 else float(brentq(off, lo, hi)))
+    return tuple(out)
 
 
 def frontier_drive(target: int, recompute: RecomputeFit, fixed_s: float, seconds_per_token: float,

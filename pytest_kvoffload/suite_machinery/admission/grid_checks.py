@@ -23,9 +23,11 @@ import numpy as np
 from pytest_kvoffload.suite_machinery.admission import judge
 from pytest_kvoffload.suite_machinery.admission.queue_probe import burst_table, measured_overlap
 from pytest_kvoffload.suite_machinery.admission.queue_cells import judge_queue, queue_bursts
-from pytest_kvoffload.suite_machinery.admission.derived_drive import (FRONTIER, SlowDrive, SlowDriveError, design_target,  # noqa: F401
-                                                   frontier_drive, frontier_prefixes, interpolated_break_even,
-                                                   planted_break_even, ratio, seconds_per_token, step_tokens)
+from pytest_kvoffload.suite_machinery.admission import counterfactual
+from pytest_kvoffload.suite_machinery.admission.derived_drive import (FRONTIER, FRONTIER_FAR, SlowDrive, SlowDriveError,  # noqa: F401
+                                                   design_target, frontier_drive, frontier_prefixes,
+                                                   interpolated_break_even, planted_break_even, ratio,
+                                                   seconds_per_token, step_tokens, telling_multiples)
 from pytest_kvoffload.core.calibration import build_calibration, write_calibration
 from pytest_kvoffload.core.costs import RecomputeFit, TierFit
 from pytest_kvoffload.core.progress import Tracker
@@ -256,7 +258,11 @@ def judged_run(recorder: Recorder, servers: Servers, backend: Backend, mode: str
     write_calibration(path, calibration)
     guarded_backend = block_variant(backend, "admission", block, server_args=budget, calibration=str(path),
                                     admission=mode, **drive.options())
-    multiples = {p: p / measured for p in frontier_prefixes(measured, block, FRONTIER)}
+    tier = calibration["tiers"][backend.name]
+    near = telling_multiples(measured, RecomputeFit(**tier["recompute"]), tier["fixed_s"],
+                             seconds_per_token(tier.get("bandwidth_gbps"), kv_bytes), tier.get("margin") or 0.0,
+                             judge.CAP, counterfactual.NEAR_MISS_SCALES)
+    multiples = {p: p / measured for p in frontier_prefixes(measured, block, FRONTIER_FAR + near)}
     control, guarded = Frontier(slow.name), Frontier(guarded_backend.name)
     endpoints = (servers.endpoint(slow), servers.endpoint(guarded_backend))
     n = max(JUDGED_ROUNDS, rounds)
