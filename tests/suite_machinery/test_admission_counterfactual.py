@@ -119,3 +119,28 @@ def test_cells_placed_where_the_near_misses_part_tell_both_apart_and_they_fail(r
         assert counterfactual.tells_apart(run, mode, KV), mode
         verdicts = counterfactual.judged_as(run, mode, KV)
         assert judge.failures(verdicts) or judge.undecided(verdicts), mode
+
+
+def with_cell(run, p, jitter=0.03, n=5):
+    """`run` with a frontier cell at `p` measured as run_of measures its cells (the guarded server right)."""
+    true = ratio(p, STEEP if run.steep else RECOMPUTE, run.tier["fixed_s"], SPT)
+    noise = [1 + jitter * ((i * 7) % 5 - 2) / 2 for i in range(n)]
+    run.control.cells[p] = [Round(true * e, 1.0, p, True, False) for e in noise]
+    run.multiples = dict(sorted({**run.multiples, p: p / TARGET}.items()))
+    return run
+
+
+@pytest.mark.parametrize("mode", ["static", "static:scale=1.3"])
+def test_a_cell_is_added_where_no_cell_tells_a_near_miss_apart_and_then_one_does(mode):
+    run = run_of(mode, recompute=STEEP, block=32)
+    run.steep = True
+    [added] = counterfactual.telling_cells(run, KV, 32)  # 1.3x: the fixed cells cannot tell it (above)
+    assert added not in run.multiples and 1.0 < added / TARGET < 1.4
+    with_cell(run, added)
+    now = SimpleNamespace(tier=run.tier, multiples=run.multiples, control=run.control, mode="static")
+    assert counterfactual.tells_apart(now, "static:scale=1.3", KV) == [added]
+    assert counterfactual.telling_cells(run, KV, 32) == []  # told apart now: nothing more to add
+
+
+def test_no_cell_is_added_where_the_frontier_tells_both_apart():
+    assert counterfactual.telling_cells(run_of("static", block=32, placed=True), KV, 32) == []

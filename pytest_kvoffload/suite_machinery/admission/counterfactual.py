@@ -9,6 +9,9 @@ way, must decide every round as the guarded server did."""
 
 from __future__ import annotations
 
+import math
+from types import SimpleNamespace
+
 import numpy as np
 
 from pytest_kvoffload.analysis.intervals import median_bound
@@ -87,6 +90,39 @@ NEAR_MISS_SCALES = (1.3, 0.75)
 NEAR_MISSES = tuple(f"static:scale={scale}" for scale in NEAR_MISS_SCALES)
 
 
+def _interpolated(run) -> callable:
+    """The control's median hit/cold at any prefix, log-linear between this run's frontier cells."""
+    cells = sorted((p, float(np.median(_control_ratios(run, p)))) for p in run.multiples if _control_ratios(run, p))
+    xs, ys = [p for p, _ in cells], [math.log(r) for _, r in cells]
+    return lambda p: math.exp(float(np.interp(p, xs, ys)))
+
+
+def telling_cells(run, kv_bytes_per_token: int, unit: int, modes=NEAR_MISSES) -> list[int]:
+    """A prefix (in whole `unit`s) for each of `modes`, and for a planted rule under test, that no frontier cell
+    of this run tells apart from the right rule yet, where one would: the two decide differently there and the
+    control's hit/cold so far (interpolated) is past the cap on the planted rule's wrong side; the middle of
+    that span. The model placed the nearest cells (derived_drive.telling_multiples), but a run's ratios drift
+    from its calibration by more than that band is wide (0.68 measured where 0.82 was predicted:
+    notes/2026-12-07-admission-blocks.md). None for a rule no prefix inside the frontier would tell."""
+    if len(run.multiples) < 2:
+        return []
+    right = "static" if ":" in run.mode else run.mode
+    now = SimpleNamespace(tier=run.tier, multiples=run.multiples, control=run.control, mode=right)
+    span = range(min(run.multiples) // unit * unit + unit, max(run.multiples), unit)
+    between = SimpleNamespace(tier=run.tier, multiples=dict.fromkeys(span, 1.0), mode=right)
+    ours, at, found = decides(between, right, kv_bytes_per_token), _interpolated(run), []
+    margin = run.tier.get("margin", 0.0)
+    for mode in dict.fromkeys(m for m in (*modes, run.mode) if ":" in m):
+        if tells_apart(now, mode, kv_bytes_per_token):
+            continue
+        theirs = decides(between, mode, kv_bytes_per_token)
+        telling = [p for p in span if theirs[p] != ours[p]
+                   and (at(p) > 1 + judge.CAP if theirs[p] else at(p) < 1 - margin - judge.CAP)]
+        if telling and telling[len(telling) // 2] not in run.multiples:
+            found.append(telling[len(telling) // 2])
+    return sorted(set(found))
+
+
 def near_misses(run, kv_bytes_per_token: int, modes=NEAR_MISSES) -> tuple[list[str], list[str]]:
     """(what is wrong: the stand-in unlike the guarded server, or a near miss that would pass; the near misses
     no frontier cell can tell apart from the rule under test (tells_apart), each with where they part)."""
@@ -99,4 +135,4 @@ def near_misses(run, kv_bytes_per_token: int, modes=NEAR_MISSES) -> tuple[list[s
     return wrong, [parting(run, m, kv_bytes_per_token) for m in alike]
 
 
-__all__ = ["NEAR_MISSES", "NEAR_MISS_SCALES", "TELLS", "decides", "differs", "judged_as", "near_misses", "parting", "tells_apart", "unlike_live"]
+__all__ = ["NEAR_MISSES", "NEAR_MISS_SCALES", "TELLS", "decides", "differs", "judged_as", "near_misses", "telling_cells", "parting", "tells_apart", "unlike_live"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -273,6 +274,11 @@ def judged_run(recorder: Recorder, servers: Servers, backend: Backend, mode: str
     settle(endpoints)
     pair = ((slow, endpoints[0], control), (guarded_backend, endpoints[1], guarded))
     interleave(recorder, pair, list(multiples), 0, n, "admission frontier")
+    so_far = SimpleNamespace(tier=tier, multiples=multiples, control=control, mode=mode)
+    if added := counterfactual.telling_cells(so_far, kv_bytes, block):  # where a near miss would part (its doc)
+        recorder.progress(f"admission: no cell tells a near miss apart; {n} rounds at {', '.join(map(str, added))} tokens")
+        interleave(recorder, pair, added, 0, n, "admission, near-miss cells")
+        multiples = dict(sorted({**multiples, **{p: p / measured for p in added}}.items()))
 
     def measure_more(prefixes: list[int], more: int) -> dict[int, list[judge.Decision]]:
         recorder.progress(f"admission: {len(prefixes)} cell(s) undecided ({', '.join(map(str, prefixes))} tokens); "
