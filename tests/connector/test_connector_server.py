@@ -116,6 +116,10 @@ def wait_for_total(endpoint, name, at_least, deadline_s=30):
     return total(endpoint, name)
 
 
+# Every histogram but the read-ahead's: read_ahead_mb is off on this server (tests/connector/test_read_ahead.py).
+OBSERVED = [name for name in HISTOGRAMS if not name.startswith("read_ahead_")]
+
+
 def test_reads_and_writes_move_only_useful_bytes_plus_one_header(kv_server, kv_settings, prompts):
     kv_server.reset_prefix_cache(external=True)
     written_before = total(kv_server, "useful_bytes_written")
@@ -131,10 +135,10 @@ def test_reads_and_writes_move_only_useful_bytes_plus_one_header(kv_server, kv_s
     end = time.monotonic() + 30
     while time.monotonic() < end:
         found = histograms(kv_server.metrics_text())
-        if all(found.get(f"kvoffload:{name}", {}).get("count") for name in HISTOGRAMS):
+        if all(found.get(f"kvoffload:{name}", {}).get("count") for name in OBSERVED):
             break
         time.sleep(0.2)
-    for name in HISTOGRAMS:
+    for name in OBSERVED:
         assert found.get(f"kvoffload:{name}", {}).get("count", 0) >= 1, f"no {name} observed"
     assert found["kvoffload:load_size_bytes"]["sum"] >= 8 * chunk_bytes  # bytes, not chunks: this hit alone read 8
 
