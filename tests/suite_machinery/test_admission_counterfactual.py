@@ -144,3 +144,13 @@ def test_a_cell_is_added_where_no_cell_tells_a_near_miss_apart_and_then_one_does
 
 def test_no_cell_is_added_where_the_frontier_tells_both_apart():
     assert counterfactual.telling_cells(run_of("static", block=32, placed=True), KV, 32) == []
+
+
+def test_a_planted_rule_under_test_no_cell_tells_apart_is_undecided_not_passed():
+    # The live run of 2026-12-07 14:27: static:scale=1.3 parted from the right rule only where the judged phase
+    # read hit/cold 0.89, within margin and cap, and the suite passed with it.
+    run = run_of("static:scale=1.3", recompute=STEEP, block=32)
+    wrong, _ = counterfactual.near_misses(run, KV)
+    assert any(w.startswith("undecided: no frontier cell tells rule static:scale=1.3 from the right one") for w in wrong)
+    told = run_of("static:scale=1.3", block=32, placed=True)  # the control: told apart, nothing undecided
+    assert not any(w.startswith("undecided") for w in counterfactual.near_misses(told, KV)[0])

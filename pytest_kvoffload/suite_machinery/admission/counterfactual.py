@@ -127,6 +127,11 @@ def near_misses(run, kv_bytes_per_token: int, modes=NEAR_MISSES) -> tuple[list[s
     """(what is wrong: the stand-in unlike the guarded server, or a near miss that would pass; the near misses
     no frontier cell can tell apart from the rule under test (tells_apart), each with where they part)."""
     wrong = unlike_live(run, kv_bytes_per_token)
+    if run.mode.startswith("static:"):  # a planted near miss under test: untold is undecided, not a pass
+        right = SimpleNamespace(tier=run.tier, multiples=run.multiples, control=run.control, mode="static")
+        if not tells_apart(right, run.mode, kv_bytes_per_token):
+            wrong.append(f"undecided: no frontier cell tells rule {run.mode} from the right one "
+                         f"({parting(right, run.mode, kv_bytes_per_token).removeprefix(run.mode + ' ')})")
     alike = [m for m in modes if not tells_apart(run, m, kv_bytes_per_token)]
     for mode in (m for m in modes if m not in alike):
         verdicts = judged_as(run, mode, kv_bytes_per_token)
