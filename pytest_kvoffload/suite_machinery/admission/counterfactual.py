@@ -90,9 +90,14 @@ NEAR_MISS_SCALES = (1.3, 0.75)
 NEAR_MISSES = tuple(f"static:scale={scale}" for scale in NEAR_MISS_SCALES)
 
 
+def _judged_against(run, mode: str) -> SimpleNamespace:
+    """This run's frontier and control rounds, with `mode` in place of the rule under test."""
+    return SimpleNamespace(tier=run.tier, multiples=run.multiples, control=run.control, mode=mode)
+
+
 def _interpolated(run) -> callable:
     """The control's median hit/cold at any prefix, log-linear between this run's frontier cells."""
-    cells = sorted((p, float(np.median(_control_ratios(run, p)))) for p in run.multiples if _control_ratios(run, p))
+    cells = sorted((p, float(np.median(r))) for p in run.multiples if (r := _control_ratios(run, p)))
     xs, ys = [p for p, _ in cells], [math.log(r) for _, r in cells]
     return lambda p: math.exp(float(np.interp(p, xs, ys)))
 
@@ -107,7 +112,7 @@ def telling_cells(run, kv_bytes_per_token: int, unit: int, modes=NEAR_MISSES) ->
     if len(run.multiples) < 2:
         return []
     right = "static" if ":" in run.mode else run.mode
-    now = SimpleNamespace(tier=run.tier, multiples=run.multiples, control=run.control, mode=right)
+    now = _judged_against(run, right)
     span = range(min(run.multiples) // unit * unit + unit, max(run.multiples), unit)
     between = SimpleNamespace(tier=run.tier, multiples=dict.fromkeys(span, 1.0), mode=right)
     ours, at, found = decides(between, right, kv_bytes_per_token), _interpolated(run), []
@@ -128,7 +133,7 @@ def near_misses(run, kv_bytes_per_token: int, modes=NEAR_MISSES) -> tuple[list[s
     no frontier cell can tell apart from the rule under test (tells_apart), each with where they part)."""
     wrong = unlike_live(run, kv_bytes_per_token)
     if run.mode.startswith("static:"):  # a planted near miss under test: untold is undecided, not a pass
-        right = SimpleNamespace(tier=run.tier, multiples=run.multiples, control=run.control, mode="static")
+        right = _judged_against(run, "static")
         if not tells_apart(right, run.mode, kv_bytes_per_token):
             wrong.append(f"undecided: no frontier cell tells rule {run.mode} from the right one "
                          f"({parting(right, run.mode, kv_bytes_per_token).removeprefix(run.mode + ' ')})")
