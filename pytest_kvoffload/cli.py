@@ -1,4 +1,4 @@
-"""`kvoffload`: estimate, probe, report and compare as thin wrappers over the package's modules."""
+"""`kvoffload`: estimate, probe, report, timeline and compare as thin wrappers over the package's modules."""
 
 from __future__ import annotations
 
@@ -91,6 +91,28 @@ def _report(args) -> int:
         print(f"kvoffload report: {exc}", file=sys.stderr)
         return 2
     print(summary_text(run))
+    return 0
+
+
+def _timeline(args) -> int:
+    from pytest_kvoffload.analysis.request_phases import TimelineError, events_from_lines, request_phases
+    from pytest_kvoffload.record.timeline_table import timeline_table
+
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            found = request_phases(events_from_lines(f, args.file))
+    except OSError as exc:
+        print(f"kvoffload timeline: {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except (TimelineError, UnicodeDecodeError) as exc:
+        print(f"kvoffload timeline: {exc}" if isinstance(exc, TimelineError) else
+              f"kvoffload timeline: {args.file} is not text (a timeline is JSON lines)", file=sys.stderr)
+        return 2
+    if not found:
+        print(f"kvoffload timeline: {args.file}: no request computed its prompt in it (was the connector's "
+              f"timeline option on while requests ran?)", file=sys.stderr)
+        return 2
+    print(timeline_table(found, per_request=args.requests))
     return 0
 
 
@@ -278,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="the tables of a saved run")
     report.add_argument("run", help="a run folder under results/ or its run.json")
     report.set_defaults(handler=_report)
+
+    timeline = sub.add_parser("timeline", help="where each request's time went, from the connector's timeline "
+                                               "option's file (docs/connector.md)")
+    timeline.add_argument("file", help="the file the connector's timeline option named")
+    timeline.add_argument("--requests", action="store_true", help="a row per request too, not only the medians")
+    timeline.set_defaults(handler=_timeline)
 
     cmp = sub.add_parser("compare", help="two runs cell by cell (user-facing backends); exit 1 on a miss, 3 when "
                                          "only undecided verdicts stand in the way")

@@ -82,3 +82,31 @@ def test_probe_in_bursts_prints_the_pattern_against_the_continuous_passes(tmp_pa
     with pytest.raises(SystemExit):
         main(["probe", "disk", str(tmp_path), "--bursts", "0"])
     assert "--bursts" in capsys.readouterr().err
+
+
+def test_timeline_command_prints_the_phases_and_names_bad_files(tmp_path, capsys):
+    hit = [{"t": 0.0, "event": "arrived", "req": "hit", "prompt": 1024},
+           {"t": 0.002, "event": "load_planned", "req": "hit", "tokens": 768},
+           {"t": 0.004, "event": "bind", "step": 5, "loads": ["hit"]},
+           {"t": 0.014, "event": "load_read", "req": "hit", "started": 0.004, "bytes": 9_000_000, "chunks": 3},
+           {"t": 0.015, "event": "step_end", "step": 5, "loaded": ["hit"]},
+           {"t": 0.016, "event": "step", "step": 6, "scheduled": {"hit": [768, 256]}},
+           {"t": 0.017, "event": "bind", "step": 6, "loads": []},
+           {"t": 0.027, "event": "forward_end", "step": 6, "saves": ["hit"]}]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in hit) + "\n")
+    assert main(["timeline", str(path), "--requests"]) == 0
+    out = capsys.readouterr().out
+    assert "reading" in out and "tier hit, 75% loaded" in out
+    assert main(["timeline", str(tmp_path / "missing.jsonl")]) == 2
+    assert capsys.readouterr().err.startswith(f"kvoffload timeline: {tmp_path / 'missing.jsonl'}: No such file")
+    path.write_text('{"t": 1, "event": "arrived"}\nnot json\n{"t": 2, "event": "bind", "step": 1}\n')
+    assert main(["timeline", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == (f"kvoffload timeline: {path} line 2: not a timeline event (a JSON "
+                                               f"object with t and event, as the connector's timeline option writes)")
+    path.write_text('{"t": 1, "event": "bind", "step": 1}\n')
+    assert main(["timeline", str(path)]) == 2
+    assert "no request computed its prompt in it" in capsys.readouterr().err
+    path.write_bytes(b"\xff\xfe\x00")
+    assert main(["timeline", str(path)]) == 2
+    assert capsys.readouterr().err.strip() == f"kvoffload timeline: {path} is not text (a timeline is JSON lines)"

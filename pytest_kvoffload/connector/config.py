@@ -90,10 +90,18 @@ def _threads(extra: dict) -> tuple[int, int, str, str]:
     return threads, load_threads, _cpus(extra, "load_cpus"), _cpus(extra, "save_cpus")
 
 
+def _timeline(extra: dict) -> Path | None:
+    timeline = Path(extra["timeline"]) if extra.get("timeline") else None
+    if timeline is not None and not timeline.parent.is_dir():
+        raise ConnectorConfigError(f"kvoffload connector: timeline {str(timeline)!r} must be a file in a folder "
+                                   f"that exists (its events are appended there)")
+    return timeline
+
+
 # Every kv_connector_extra_config key the connector reads.
 OPTIONS = frozenset({"store_dir", "capacity_gb", "chunk_tokens", "io_threads", "direct_io",
                      "calibration", "calibration_mismatch", "load_mode", "admission", "io_slice_us", "idle_wait_ms", "load_threads", "load_cpus", "save_cpus", "huge_pages",
-                     "load_io", "read_ahead_mb"})
+                     "load_io", "read_ahead_mb", "timeline"})
 
 # How long an idle step's worker waits for a load in flight past its expected end (idle_wait_ms; idle_wait.py).
 # Shorter only costs one empty step a wait.
@@ -139,6 +147,7 @@ class ConnectorConfig:
     # Staging memory for reads of queued requests' chunks, started on arrival (read_ahead.py); 0: loads start
     # when the scheduler first considers the request.
     read_ahead_bytes: int = 0
+    timeline: Path | None = None  # a file for each request's load, step by step (timeline.py); None: off
 
     @classmethod
     def from_extra(cls, extra: dict, block_size: int) -> "ConnectorConfig":
@@ -216,4 +225,5 @@ class ConnectorConfig:
             load_mode=load_mode,
             admission=admission,
             read_ahead_bytes=int(read_ahead_mb * 1e6),
+            timeline=_timeline(extra),
         )

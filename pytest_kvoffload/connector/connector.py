@@ -19,6 +19,7 @@ from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.connector.index import ChunkIndex
 from pytest_kvoffload.connector.io_memory import padded
 from pytest_kvoffload.connector.chunk_format import HEADER_SIZE
+from pytest_kvoffload.connector.timeline import NoTimeline, timeline_for
 
 log = logging.getLogger("pytest_kvoffload.connector")
 
@@ -70,6 +71,7 @@ def server_fingerprint(vllm_config, store_dir) -> dict:
 class KVOffloadDiskConnector(KVConnectorBase_V1):
     # Our hits count as "disk" where vLLM can name tiers (0.32 on), as external_kv_transfer on 0.31.
     _cache_hit_source = cache_hit_source("DISK")
+    timeline = NoTimeline()  # the timeline option's, set in __init__ (timeline.py)
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config):
         installed()  # a vLLM outside the declared range stops the server in one line (core/vllm_releases.py)
@@ -84,6 +86,9 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
         self._zeroes_blocks = bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", True))
         self._deferred_saves: list = []  # the last step's saves, submitted at the next bind (wait_for_save)
         self._scheduler_counters = Counters()
+        self._steps = 0  # the scheduler's, numbering each step's metadata for the timeline
+        side = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
+        self.timeline = timeline_for(self.config.timeline, side, str(self.config.store_dir))  # off: a no-op
         if role == KVConnectorRole.SCHEDULER:
             # Tensor-parallel ranks keep separate files of one key set; rank 0's folder seeds the index.
             root = self.config.store_dir / "rank0"
@@ -96,6 +101,7 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
                                             admit=self._admission(vllm_config), counters=self._scheduler_counters)
         else:
             self._worker = self.new_worker(self.config.store_dir / f"rank{_tp_rank()}", block_size)
+            self._worker.timeline = self.timeline
 
     # What the test-only connector (rigged/rigged_connector.py) replaces: the options it reads, its worker, its rule.
     def read_config(self, extra: dict, block_size: int) -> ConnectorConfig:
@@ -148,14 +154,17 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
             # The last step's saves first, in the order they had when submitted in that step: before this
             # step's deletions (a reset waits for them), loads and forward (which may write their blocks anew).
             saves, self._deferred_saves = self._deferred_saves, []
+            self.timeline.mark("bind", step=connector_metadata.step, loads=[j.req_id for j in connector_metadata.loads])
             if saves:
                 self._worker.wait_for_save(KVOffloadMetadata(saves=saves))
+                self.timeline.mark("saves_gathered", step=connector_metadata.step, chunks=len(saves))
             self._worker.start_load_kv(connector_metadata)
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         if self._zeroes_blocks:
             meta = self._get_connector_metadata()
             assert isinstance(meta, KVOffloadMetadata)
+            self.timeline.mark("bind", step=meta.step, loads=[job.req_id for job in meta.loads])
             self._worker.start_load_kv(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -168,6 +177,7 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
     def wait_for_save(self):
         meta = self._get_connector_metadata()
         assert isinstance(meta, KVOffloadMetadata)
+        self.timeline.mark("forward_end", step=meta.step, saves=sorted({job.req_id for job in meta.saves}))
         if self._zeroes_blocks or self._worker.step_buffers is None:
             self._worker.wait_for_save(meta)
             return
@@ -179,7 +189,12 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
 
     def get_finished(self, finished_req_ids):
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None
-        return self._worker.get_finished(finished_req_ids, idle=isinstance(meta, KVOffloadMetadata) and meta.idle)
+        ours = isinstance(meta, KVOffloadMetadata)
+        sent, received = self._worker.get_finished(finished_req_ids, idle=ours and meta.idle)
+        self.timeline.mark("step_end", step=meta.step if ours else None, loaded=sorted(received or ()),
+                           saved=sorted(sent or ()))
+        self.timeline.flush()
+        return sent, received
 
     def build_connector_worker_meta(self):
         return self._worker.worker_meta() if self._worker is not None else None
@@ -195,24 +210,37 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
     def shutdown(self):
         if self._worker is not None:
             self._worker.shutdown()
+        self.timeline.close()
 
     # -- scheduler side -------------------------------------------------------------------------------
     def on_new_request(self, request) -> None:  # vLLM 0.32 on; an older vLLM never calls it
+        self.timeline.mark("arrived", request.request_id, prompt=len(request.prompt_token_ids or ()))
         self._scheduler.on_new_request(request)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
-        return self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+        found = self._scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+        self.timeline.mark("lookup", request.request_id, computed=num_computed_tokens, load=found[0],
+                           prompt=len(request.prompt_token_ids or ()))
+        return found
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         self._scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+        if num_external_tokens > 0:
+            self.timeline.mark("load_planned", request.request_id, tokens=num_external_tokens)
 
     def build_connector_meta(self, scheduler_output):
-        return self._scheduler.build_connector_meta(scheduler_output)
+        meta = self._scheduler.build_connector_meta(scheduler_output)
+        meta.step, self._steps = self._steps, self._steps + 1
+        if self.timeline.on:
+            self.timeline.mark("step", step=meta.step, scheduled=scheduled_tokens(scheduler_output))
+            self.timeline.flush()
+        return meta
 
     def update_connector_output(self, connector_output):
         self._scheduler.update_connector_output(connector_output)
 
     def request_finished(self, request, block_ids):
+        self.timeline.mark("finished", request.request_id)
         return self._scheduler.request_finished(request, block_ids)
 
     def reset_cache(self) -> bool | None:
@@ -235,6 +263,14 @@ def _tp_rank() -> int:
         return get_tensor_model_parallel_rank()
     except Exception:  # not initialised (single process): rank 0
         return 0
+
+
+def scheduled_tokens(scheduler_output) -> dict[str, list[int]]:
+    """req_id -> [tokens computed before the step, tokens it computes], for the timeline."""
+    before = {new.req_id: new.num_computed_tokens for new in scheduler_output.scheduled_new_reqs}
+    cached = scheduler_output.scheduled_cached_reqs
+    before.update(zip(cached.req_ids, cached.num_computed_tokens))
+    return {req: [before.get(req, 0), n] for req, n in scheduler_output.num_scheduled_tokens.items() if n}
 
 
 def chunk_file_bytes(kv_cache_config, blocks_per_chunk: int) -> int | None:

@@ -58,6 +58,7 @@ class KVOffloadMetadata(KVConnectorMetadata):
     # Reads ahead for queued requests, and the requests whose read-ahead no load will take (read_ahead.py).
     read_aheads: list[ReadAheadJob] = field(default_factory=list)
     drops: list[str] = field(default_factory=list)
+    step: int = 0  # the scheduler's count of steps, for the timeline (timeline.py)
 
 
 @dataclass

@@ -33,8 +33,9 @@ from pytest_kvoffload.connector.counters import Counters
 from pytest_kvoffload.connector.idle_wait import IdleWait
 from pytest_kvoffload.connector.io_threads import ReadSlots, start_io_thread
 from pytest_kvoffload.connector.read_ahead import ReadAhead
-from pytest_kvoffload.connector.chunk_format import HEADER_SIZE, Layout
+from pytest_kvoffload.connector.chunk_format import Layout
 from pytest_kvoffload.connector.store import ChunkStore
+from pytest_kvoffload.connector.timeline import NoTimeline
 
 log = logging.getLogger("pytest_kvoffload.connector")
 
@@ -79,6 +80,7 @@ class WorkerSide:
         self._aio: AioLoads | None = None  # the CPU build's loads with load_io=aio (register_kv_caches)
         self._aio_pool: ThreadPoolExecutor | None = None
         self.read_ahead: ReadAhead | None = None  # queued requests' reads (read_ahead_mb; register_kv_caches)
+        self.timeline = NoTimeline()  # the timeline option's, set by connector.py (timeline.py)
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.layers = list(kv_caches.values())
@@ -246,6 +248,7 @@ class WorkerSide:
                 with self._report_lock:
                     self._report.dropped.append(chunk.key)
         self.counters.add("load_wall_seconds", self._loads_busy.add(started, ended))
+        self.timeline.mark("load_read", job.req_id, t=ended, started=started, bytes=moved, chunks=len(job.chunks))
         with self._report_lock:
             self._report.loaded.append(job.req_id)
             if moved:
@@ -395,6 +398,3 @@ class WorkerSide:
         self.save_pool.shutdown(wait=True, cancel_futures=False)
         if self.store is not None:
             self.store.drop_free()
-
-
-__all__ = ["WorkerSide", "HEADER_SIZE", "LOAD_THREADS", "SAVE_THREADS"]

@@ -169,6 +169,7 @@ BAD_DISK_OPTS = {
     "direct_io": ("maybe", "direct_io 'maybe' must be true or false"),
     "huge_pages": ("some", "huge_pages 'some' must be true or false"),
     "read_ahead_mb": ("-1", "read_ahead_mb -1.0 must be 0 (off) or more"),
+    "timeline": ("/no/such/folder/t.jsonl", "timeline '/no/such/folder/t.jsonl' must be a file in a folder that exists"),
     "read_gbps": ("fast", "read_gbps 'fast' must be a number of GB/s"),
     "read_latency_ms": ("-5", "read_latency_ms -5 must be a number of milliseconds, 0 or more"),
     "calibration": ("/no/such.json", "calibration /no/such.json: no such file"),
