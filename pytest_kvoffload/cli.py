@@ -104,9 +104,11 @@ def _timeline(args) -> int:
     except OSError as exc:
         print(f"kvoffload timeline: {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    except (TimelineError, UnicodeDecodeError) as exc:
-        print(f"kvoffload timeline: {exc}" if isinstance(exc, TimelineError) else
-              f"kvoffload timeline: {args.file} is not text (a timeline is JSON lines)", file=sys.stderr)
+    except TimelineError as exc:
+        print(f"kvoffload timeline: {exc}", file=sys.stderr)
+        return 2
+    except UnicodeDecodeError:
+        print(f"kvoffload timeline: {args.file} is not text (a timeline is JSON lines)", file=sys.stderr)
         return 2
     if not found:
         print(f"kvoffload timeline: {args.file}: no request computed its prompt in it (was the connector's "

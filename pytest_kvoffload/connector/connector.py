@@ -154,7 +154,7 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
             # The last step's saves first, in the order they had when submitted in that step: before this
             # step's deletions (a reset waits for them), loads and forward (which may write their blocks anew).
             saves, self._deferred_saves = self._deferred_saves, []
-            self.timeline.mark("bind", step=connector_metadata.step, loads=[j.req_id for j in connector_metadata.loads])
+            self._mark_bind(connector_metadata)
             if saves:
                 self._worker.wait_for_save(KVOffloadMetadata(saves=saves))
                 self.timeline.mark("saves_gathered", step=connector_metadata.step, chunks=len(saves))
@@ -164,8 +164,12 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
         if self._zeroes_blocks:
             meta = self._get_connector_metadata()
             assert isinstance(meta, KVOffloadMetadata)
-            self.timeline.mark("bind", step=meta.step, loads=[job.req_id for job in meta.loads])
+            self._mark_bind(meta)
             self._worker.start_load_kv(meta)
+
+    def _mark_bind(self, meta: KVOffloadMetadata) -> None:
+        if self.timeline.on:  # a step's start, with the loads it hands over (timeline.py)
+            self.timeline.mark("bind", step=meta.step, loads=[job.req_id for job in meta.loads])
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -177,7 +181,8 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
     def wait_for_save(self):
         meta = self._get_connector_metadata()
         assert isinstance(meta, KVOffloadMetadata)
-        self.timeline.mark("forward_end", step=meta.step, saves=sorted({job.req_id for job in meta.saves}))
+        if self.timeline.on:
+            self.timeline.mark("forward_end", step=meta.step, saves=sorted({job.req_id for job in meta.saves}))
         if self._zeroes_blocks or self._worker.step_buffers is None:
             self._worker.wait_for_save(meta)
             return
@@ -191,9 +196,10 @@ class KVOffloadDiskConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata() if self.has_connector_metadata() else None
         ours = isinstance(meta, KVOffloadMetadata)
         sent, received = self._worker.get_finished(finished_req_ids, idle=ours and meta.idle)
-        self.timeline.mark("step_end", step=meta.step if ours else None, loaded=sorted(received or ()),
-                           saved=sorted(sent or ()))
-        self.timeline.flush()
+        if self.timeline.on:
+            self.timeline.mark("step_end", step=meta.step if ours else None, loaded=sorted(received or ()),
+                               saved=sorted(sent or ()))
+            self.timeline.flush()
         return sent, received
 
     def build_connector_worker_meta(self):
