@@ -6,9 +6,11 @@ than margin plus cap). A right decision looks wrong by noise only when the round
 cell's centre by that much on that side, so each side has its own rate (`side_rate`), measured over all the
 cells' rounds. A cell's wrong rounds are then a sum of two binomials (its admitted rounds at the upper rate,
 its declined ones at the lower), and `allowed_wrong` is the most that sum reaches with probability
-1 - confidence. `detectable_slowdown` states the power: the true slowdown at which more than that many of a
-cell's rounds land past the cap with the given probability, each round's log ratio normal with spread sigma.
-All tails and quantiles are scipy.stats'.
+1 - confidence. `detectable_from` states the power: the true miss at which more than that many of a cell's
+rounds land past the threshold with the given probability, each round strayed as the measured deviations
+stray on that side (their empirical quantile, the same deviations the rates count: a heavy tail widens the
+allowance and the power alike); `detectable_slowdown` is the same with each round's log ratio normal with
+spread sigma, for noise given as a model. Tails are scipy.stats', quantiles numpy's.
 """
 
 from __future__ import annotations
@@ -51,6 +53,19 @@ def detectable_slowdown(n: int, allowed: int, sigma: float, cap: float, power: f
     # P(Binomial(n, q) > allowed) = power solved for q: the Beta(allowed + 1, n - allowed) quantile.
     q = float(stats.beta.ppf(power, allowed + 1, n - allowed))
     return math.exp(math.log(1 + cap) + float(stats.norm.ppf(q)) * max(sigma, 1e-6)) - 1
+
+
+def detectable_from(n: int, allowed: int, deviations: list[float], cap: float, power: float, upper: bool) -> float:
+    """The true miss d (ratio 1 + d past recompute, the cap's threshold included) at which more than `allowed`
+    of n rounds land past the threshold with probability `power`, each round's log deviation drawn from
+    `deviations`: above 1 + cap where `upper` (admitted rounds), below a decline's threshold otherwise (the
+    same log distance past it); inf where no miss can (every round allowed, or fewer than 2 deviations)."""
+    if n == 0 or allowed >= n or len(deviations) < 2:
+        return math.inf
+    q = float(stats.beta.ppf(power, allowed + 1, n - allowed))  # each round's share past the threshold needed
+    values = np.asarray(deviations, dtype=float)
+    shift = -float(np.quantile(values, 1 - q)) if upper else float(np.quantile(values, q))
+    return math.exp(math.log(1 + cap) + shift) - 1
 
 
 def robust_sigma(deviations: list[float], fitted: int) -> float:

@@ -2,11 +2,12 @@
 
 import math
 
+import numpy as np
 import pytest
 from scipy import stats
 
-from pytest_kvoffload.analysis.wrong_rounds import (allowed_wrong, detectable_slowdown, robust_sigma, side_rate,
-                                                    wrong_by_noise)
+from pytest_kvoffload.analysis.wrong_rounds import (allowed_wrong, detectable_from, detectable_slowdown, robust_sigma,
+                                                    side_rate, wrong_by_noise)
 
 
 def test_a_side_rate_counts_one_side_only_with_a_laplace_estimate():
@@ -38,6 +39,21 @@ def test_the_detectable_slowdown_falls_with_rounds_and_rises_with_spread():
     assert d5 == pytest.approx(1.1 * math.exp(0.05 * stats.norm.ppf(q)) - 1)
     assert detectable_slowdown(20, 2, 0.05, 0.1, 0.9) < d5 < detectable_slowdown(5, 1, 0.1, 0.1, 0.9)
     assert detectable_slowdown(5, 5, 0.05, 0.1, 0.9) == math.inf
+
+
+def test_the_power_read_from_deviations_is_their_quantile_on_the_side_judged():
+    rng = np.random.default_rng(3)
+    normal = list(rng.normal(0, 0.05, 4000))
+    # Normal deviations: the empirical power is the normal model's.
+    assert detectable_from(5, 1, normal, 0.1, 0.9, upper=True) == pytest.approx(
+        detectable_slowdown(5, 1, 0.05, 0.1, 0.9), abs=0.005)
+    # A tail on one side only: admitted rounds need the low strays (a wrong round must stay past the cap),
+    # declined ones the high strays; each side reads its own.
+    high_tail = [0.0] * 60 + [0.3] * 40
+    assert detectable_from(20, 10, high_tail, 0.1, 0.9, upper=True) == pytest.approx(0.1)
+    assert detectable_from(20, 10, high_tail, 0.1, 0.9, upper=False) == pytest.approx(1.1 * math.exp(0.3) - 1)
+    assert detectable_from(5, 5, normal, 0.1, 0.9, upper=True) == math.inf
+    assert detectable_from(5, 1, [0.1], 0.1, 0.9, upper=True) == math.inf
 
 
 def test_the_spread_is_robust_to_one_outlier():

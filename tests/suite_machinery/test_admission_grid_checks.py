@@ -118,15 +118,30 @@ def test_the_power_is_the_beta_quantile_of_the_binomial():
 
 def test_a_cell_too_noisy_to_judge_is_undecided_not_passed():
     right = [judge.Decision(True, 1.0, 1.0, 1.0)] * 5
-    # Half its rounds allowed wrong: no wrong round, and still not a pass.
-    loud = judge.judge({512: right}, {512: 1.2}, margin=0.02, measured=judge.Noise(0.4, 0.4, 0.03, 30))
-    assert loud[0].undecided and loud[0].outcome == "undecided"
+    # Strays of 20% either way in 24 of 30 rounds: no wrong round, and still not a pass (blind to 34%).
+    strays = (0.2,) * 12 + (-0.2,) * 12 + (0.0,) * 6
+    loud = judge.judge({512: right}, {512: 1.2}, margin=0.02, measured=judge.Noise(0.4, 0.4, 0.15, 30, strays))
+    assert loud[0].undecided and loud[0].outcome == "undecided" and loud[0].detectable > 0.3
     assert judge.undecided(loud) and judge.undecided(loud)[0].startswith("undecided: 512 tokens")
     # Blind to twice the cap: a wide spread with few rounds.
     blind = judge.judge({512: right}, {512: 1.2}, margin=0.02, measured=judge.Noise(1 / 32, 1 / 32, 0.8, 30))
     assert blind[0].detectable > 2 * judge.CAP and blind[0].undecided
     # The control: quiet noise, the same rounds pass.
     assert judge.undecided(judge.judge({512: right}, {512: 1.2}, margin=0.02, measured=quiet())) == []
+
+
+def test_half_its_rounds_allowed_is_decided_where_the_rounds_keep_their_power():
+    # Heavy-tailed noise as the VM's cold prefills make it (docs/notes/2026-12-08-admission-power.md): a
+    # third of the rounds stray 13% high, the rest within 1%. Twenty right rounds at the break-even are
+    # allowed half of them wrong, yet a slowdown of 20% would put most rounds past the cap: decided, and met.
+    strays = (0.12,) * 20 + (0.01, -0.01, 0.0) * 13
+    noise = judge.Noise(21 / 61, 1 / 61, 0.03, 59, strays)
+    right = [judge.Decision(True, 1.0, 1.0, 1.0)] * 20
+    verdict = judge.judge({672: right}, {672: 1.12}, margin=0.02, measured=noise)[0]
+    assert 2 * verdict.allowed >= 20 and verdict.detectable < 2 * judge.CAP and verdict.outcome == "met"
+    # The near miss under the same noise: admitted 20% slower than recompute in every round fails.
+    slow = [judge.Decision(True, 1.2, 1.0, 1.0)] * 20
+    assert judge.judge({672: slow}, {672: 1.12}, margin=0.02, measured=noise)[0].failed
 
 
 def test_a_decline_is_wrong_only_past_the_margin_and_the_cap():

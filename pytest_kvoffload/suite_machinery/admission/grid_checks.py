@@ -368,8 +368,8 @@ def noise_line(noise: judge.Noise) -> str:
     return (f"noise, over {noise.rounds} rounds (Laplace estimates): {noise.up:.1%} lie above their cell's median "
             f"by more than the cap (an admitted round looks wrong), {noise.down:.1%} below it by more than a "
             f"decline's threshold; spread {noise.sigma:.1%} (log sd); a cell fails beyond the wrong rounds that "
-            f"explains at {judge.LOOKS[0]:.0%}, and is undecided where that reaches half its rounds or leaves "
-            f"it blind to a slowdown of twice the cap; an undecided cell is measured again and judged at "
+            f"explains at {judge.LOOKS[0]:.0%}, and is undecided where that leaves it blind to a miss of "
+            f"twice the cap (read from the same strays); an undecided cell is measured again and judged at "
             f"{judge.LOOKS[1]:.0%} on all its rounds")
 
 

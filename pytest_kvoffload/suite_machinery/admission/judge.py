@@ -20,9 +20,11 @@ differ in speed, which moves neither server's own hit/cold ratio. A cell fails w
 more than noise reaches with probability 1 - CONFIDENCE: at 95%, with rates near 3% and five rounds, two
 wrong rounds fail a cell and one does not. Not by majority vote: a rule wrong in 2 rounds of 5 fails.
 
-The allowance is bounded: a cell whose allowed wrong rounds reach half its rounds, or whose detectable
-slowdown (the true slowdown whose rounds exceed the allowance with 90% probability) exceeds twice the cap,
-is undecided, not passed. Rounds until decided (until_decided): every frontier cell is judged at its first
+The allowance is bounded by the power it leaves: a cell whose detectable miss (the true slowdown, or
+forgone gain, whose rounds exceed the allowance with 90% probability, read from the same deviations as the
+rates, on the sides its decisions took) exceeds twice the cap is undecided, not passed. (Until 2026-12-08 a
+cell allowed half its rounds was undecided too, whatever its power: heavy-tailed noise left a right cell
+that caught a 17% slowdown undecided; docs/notes/2026-12-08-admission-power.md.) Rounds until decided (until_decided): every frontier cell is judged at its first
 look; an undecided one is measured again, MORE_ROUNDS times its rounds, and judged once more on all of them.
 The 5% a right rule may be failed by noise is split over the two looks (LOOKS: 4% then 1%, a Bonferroni
 split), so a second look cannot add to it; a failed cell is never measured again, so a miss cannot turn into
@@ -82,8 +84,8 @@ class CellVerdict:
 
     @property
     def undecided(self) -> bool:
-        """Not failed, yet too noisy to pass: half its rounds allowed wrong, or blind to twice the cap."""
-        return not self.failed and (2 * self.allowed >= len(self.decisions) or self.detectable > 2 * self.cap)
+        """Not failed, yet too noisy to pass: blind to a miss of twice the cap."""
+        return not self.failed and self.detectable > 2 * self.cap
 
     @property
     def outcome(self) -> str:
@@ -113,6 +115,17 @@ class Noise:
 
     def allowed(self, admitted: int, declined: int, confidence: float = CONFIDENCE) -> int:
         return wrong_rounds.allowed_wrong(admitted, declined, self.up, self.down, confidence)
+
+    def detectable(self, n: int, allowed: int, admitted: bool, declined: bool, cap: float = CAP,
+                   power: float = POWER) -> float:
+        """The smallest miss a cell of n rounds with `allowed` shows, on the worse of the sides its decisions
+        took (admitted: a slowdown; declined: a forgone gain); read from the deviations, or from a normal
+        model of sigma where the noise is given as rates and a spread alone."""
+        if len(self.deviations) < 2:
+            return wrong_rounds.detectable_slowdown(n, allowed, self.sigma, cap, power)
+        sides = [upper for upper, took in ((True, admitted), (False, declined)) if took] or [True]
+        return max(wrong_rounds.detectable_from(n, allowed, list(self.deviations), cap, power, upper)
+                   for upper in sides)
 
     def cell_rates(self, control_ratios: list[float], margin: float, cap: float = CAP) -> tuple[float, float]:
         """How often noise makes one of this cell's right decisions look wrong, each side: the cell's centre
@@ -165,7 +178,7 @@ def judge(cells: dict[int, list[Decision]], multiples: dict[int, float], margin:
         allowed = wrong_rounds.allowed_wrong(admitted, len(ds) - admitted if declines else 0, up, down, confidence)
         v = CellVerdict(prefix, multiples.get(prefix, math.nan), list(ds), sum(d.wrong(margin, cap, declines) for d in ds),
                         allowed, cap=cap)
-        v.detectable = detectable_slowdown(len(ds), v.allowed, measured.sigma, cap)
+        v.detectable = measured.detectable(len(ds), v.allowed, admitted > 0, declines and admitted < len(ds), cap)
         verdicts.append(v)
     return verdicts
 
