@@ -78,6 +78,7 @@ def test_declined_loads_move_no_tier_tokens(admission):
 def test_queued_probes_load_exactly_what_was_admitted(admission):
     for (length, fraction), cell in admission.bursts.items():
         for i, r in enumerate(cell["rounds"]):
+            assert not r.get("served_ahead"), f"{length} tokens, round {i}: a probe ran ahead of its queue at every try"
             want = cell["expected_disk_tokens"] if r["admitted"] else 0
             assert r["disk_tokens"] == want, (f"{length} tokens, {fraction:g} cached, round {i}: "
                                               f"{r['disk_tokens']} disk tokens, expected {want}")

@@ -22,9 +22,8 @@ wrong rounds fail a cell and one does not. Not by majority vote: a rule wrong in
 
 The allowance is bounded by the power it leaves: a cell whose detectable miss (the true slowdown, or
 forgone gain, whose rounds exceed the allowance with 90% probability, read from the same deviations as the
-rates, on the sides its decisions took) exceeds twice the cap is undecided, not passed. (Until 2026-12-08 a
-cell allowed half its rounds was undecided too, whatever its power: heavy-tailed noise left a right cell
-that caught a 17% slowdown undecided; docs/notes/2026-12-08-admission-power.md.) Rounds until decided (until_decided): every frontier cell is judged at its first
+rates, on the sides its decisions took) exceeds twice the cap is undecided, not passed; a heavy tail widens
+the allowance and the power alike (docs/notes/2026-12-07-admission-power.md). Rounds until decided (until_decided): every frontier cell is judged at its first
 look; an undecided one is measured again, MORE_ROUNDS times its rounds, and judged once more on all of them.
 The 5% a right rule may be failed by noise is split over the two looks (LOOKS: 4% then 1%, a Bonferroni
 split), so a second look cannot add to it; a failed cell is never measured again, so a miss cannot turn into

@@ -1,7 +1,10 @@
 """A probe request that arrives while the engine is busy with a long prefill: the queue a load can hide in.
 
 The background prompt is longer than one step's token budget, so the engine first looks at the probe in
-the step that finishes the background's prefill, with that prefill still ahead of it.
+the step that finishes the background's prefill, with that prefill still ahead of it. The background is
+sent first, but on a loaded machine it can reach the engine after the probe, which then runs alone: such a
+round measured no queue (`served_ahead`) and is measured again with fresh prompts, up to ATTEMPTS times;
+the attempts served ahead are kept in the records (purpose "burst-ahead"), not in the cell.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ def background_length(step_tokens: int, max_model_len: int, block_size: int) -> 
     return max(block_size, min(2 * step_tokens - step_tokens // 32, max_model_len - block_size))
 
 
+ATTEMPTS = 3  # a round whose probe ran ahead of its queue is measured again, at most this often in all
+LEAD_S = 0.05  # the background is sent this long before the probe
+
+
 @dataclass
 class QueuedProbe:
     probe: RequestResult
@@ -36,9 +43,18 @@ class QueuedProbe:
     # admission decision in them is the probe's.
     cached_by_source: dict
     connector: dict
+    lead_s: float = LEAD_S
+
+    @property
+    def served_ahead(self) -> bool:
+        """The probe ran before the background's prefill: behind it, the probe's first token comes in the step
+        that ends that prefill (two steps), so the background's first token trails it by under a step; ahead
+        of it, by the whole prefill. Half the background's time to its first token is that step."""
+        gap = self.background.client_ttft_s - self.lead_s - self.probe.client_ttft_s
+        return gap > self.background.client_ttft_s / 2
 
 
-def queued_behind(endpoint: Endpoint, background: list[int], probe: list[int], lead_s: float = 0.05) -> QueuedProbe:
+def queued_behind(endpoint: Endpoint, background: list[int], probe: list[int], lead_s: float = LEAD_S) -> QueuedProbe:
     before = endpoint.metrics()
     # One HTTP session per thread: requests' sessions are not thread-safe.
     other = Endpoint(endpoint.url, endpoint.model_name)
@@ -50,7 +66,7 @@ def queued_behind(endpoint: Endpoint, background: list[int], probe: list[int], l
     delta = settled_snapshot(endpoint, before, len(background) + len(probe)).delta(before)
     return QueuedProbe(probe_result, background_result,
                        {k: int(v) for k, v in delta.cached_by_source.items() if v},
-                       {k: v for k, v in delta.extra.items() if v})
+                       {k: v for k, v in delta.extra.items() if v}, lead_s)
 
 
 def run_bursts(recorder: Recorder, backend, endpoint, lengths, fractions, step: int, rounds: int,
@@ -69,18 +85,7 @@ def run_bursts(recorder: Recorder, backend, endpoint, lengths, fractions, step: 
                       "cells x rounds", total_work=rounds * sum(length for length, _, _ in measured))
     for r in range(first_round, first_round + rounds):
         for length, fraction, expected in measured:
-            salt = f"{recorder.salt}|burst|{length}|{fraction}|{r}"
-
-            def prompt(n, f, variant, tag):
-                return make_prompt(n, f, seed=settings.random_seed, salt=f"{salt}|{tag}", variant=variant,
-                                   vocab_size=settings.model.vocab_size).tokens
-
-            for primed in place_in_tier_only(endpoint, backend, prompt(length, fraction, "prime", "probe")):
-                recorder.keep(burst_record(backend, length, fraction, r, "prime", primed))
-            hit = queued_behind(endpoint, prompt(background, 0.0, "", "bg-hit"),
-                                prompt(length, fraction, "measure", "probe"))
-            cold = queued_behind(endpoint, prompt(background, 0.0, "", "bg-cold"),
-                                 prompt(length, 0.0, "measure", State.COLD.value))
+            hit, cold = queued_round(recorder, backend, endpoint, length, fraction, r, background)
             cell = cells.setdefault((length, fraction), {"rounds": [], "expected_disk_tokens": expected,
                                                          "background_tokens": background})
             c = hit.connector
@@ -90,14 +95,40 @@ def run_bursts(recorder: Recorder, backend, endpoint, lengths, fractions, step: 
                 "admitted": bool(c.get("kvoffload:loads_admitted_total")),
                 "queued": bool(c.get("kvoffload:loads_admitted_queued_total")),
                 "declined": bool(c.get("kvoffload:loads_declined_total")),
+                "served_ahead": hit.served_ahead or cold.served_ahead,
             })
-            for state, outcome in ((State.TIER_HIT.value, hit), (State.COLD.value, cold)):
-                record = burst_record(backend, length, fraction, r, "burst", outcome.probe)
-                record.update(state=state, cached_by_source=outcome.cached_by_source,
-                              connector=outcome.connector, background_ttft_s=outcome.background.client_ttft_s)
-                recorder.keep(record)
             tracker.step(f"{length} tokens, {fraction:g} cached, round {r + 1}", work=length)
     return cells
+
+
+def queued_round(recorder: Recorder, backend, endpoint, length: int, fraction: float, r: int,
+                 background: int) -> tuple[QueuedProbe, QueuedProbe]:
+    """One round of a cell: its prefix placed on disk, the hit probe and the cold probe, each behind a fresh
+    background; measured again with fresh prompts while either probe was served ahead (module's doc)."""
+    settings = recorder.settings
+    for attempt in range(ATTEMPTS):
+        salt = f"{recorder.salt}|burst|{length}|{fraction}|{r}" + (f"|again {attempt}" if attempt else "")
+
+        def prompt(n, f, variant, tag):
+            return make_prompt(n, f, seed=settings.random_seed, salt=f"{salt}|{tag}", variant=variant,
+                               vocab_size=settings.model.vocab_size).tokens
+
+        for primed in place_in_tier_only(endpoint, backend, prompt(length, fraction, "prime", "probe")):
+            recorder.keep(burst_record(backend, length, fraction, r, "prime", primed))
+        hit = queued_behind(endpoint, prompt(background, 0.0, "", "bg-hit"), prompt(length, fraction, "measure", "probe"))
+        cold = queued_behind(endpoint, prompt(background, 0.0, "", "bg-cold"),
+                             prompt(length, 0.0, "measure", State.COLD.value))
+        ahead = hit.served_ahead or cold.served_ahead
+        for state, outcome in ((State.TIER_HIT.value, hit), (State.COLD.value, cold)):
+            purpose = "burst-ahead" if ahead and attempt + 1 < ATTEMPTS else "burst"
+            record = burst_record(backend, length, fraction, r, purpose, outcome.probe)
+            record.update(state=state, cached_by_source=outcome.cached_by_source, connector=outcome.connector,
+                          background_ttft_s=outcome.background.client_ttft_s, served_ahead=outcome.served_ahead)
+            recorder.keep(record)
+        if not ahead:
+            break
+        recorder.progress(f"queue burst {length} tokens, round {r + 1}: a probe ran ahead of its queue; measured again")
+    return hit, cold
 
 
 def measured_overlap(probes, tier, kv_bytes_per_token: int, step: int) -> float | None:
