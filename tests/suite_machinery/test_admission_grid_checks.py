@@ -142,6 +142,9 @@ def test_half_its_rounds_allowed_is_decided_where_the_rounds_keep_their_power():
     # The near miss under the same noise: admitted 20% slower than recompute in every round fails.
     slow = [judge.Decision(True, 1.2, 1.0, 1.0)] * 20
     assert judge.judge({672: slow}, {672: 1.12}, margin=0.02, measured=noise)[0].failed
+    # The near miss: 12% slower in every round, just past the cap, fails as well.
+    near = [judge.Decision(True, 1.12, 1.0, 1.0)] * 20
+    assert judge.judge({672: near}, {672: 1.12}, margin=0.02, measured=noise)[0].failed
 
 
 def test_a_decline_is_wrong_only_past_the_margin_and_the_cap():
